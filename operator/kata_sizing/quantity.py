@@ -1,0 +1,122 @@
+"""Kubernetes resource quantities, parsed exactly.
+
+Memory is kept as a whole number of bytes and CPU as a `Decimal` of cores, so `512Mi`,
+`0.5Gi`, `600m` and `"1.5"` round-trip without float drift. The grammar follows
+k8s.io/apimachinery/pkg/api/resource (binary suffixes Ki..Ei, decimal suffixes n..E,
+and decimal exponents such as `1e3`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+
+MIB = 1024 * 1024
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+_QUANTITY = re.compile(
+    r"^(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity, or not a valid one for its use."""
+
+
+def parse_quantity(text: str | int | float | Decimal) -> Decimal:
+    """The exact value of a Kubernetes quantity in its base unit (bytes or cores)."""
+    if isinstance(text, bool):
+        raise QuantityError(f"{text!r} is not a quantity")
+    if isinstance(text, (int, Decimal)):
+        return Decimal(text)
+    if isinstance(text, float):
+        if not math.isfinite(text):
+            raise QuantityError(f"{text!r} is not a quantity")
+        return Decimal(repr(text))
+    if not isinstance(text, str):
+        raise QuantityError(f"{text!r} is not a quantity")
+    match = _QUANTITY.match(text.strip())
+    if not match:
+        raise QuantityError(
+            f"{text!r} is not a Kubernetes quantity (examples: 512Mi, 2Gi, 600m, 1.5)"
+        )
+    try:
+        number = Decimal(match["number"])
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
+        raise QuantityError(f"{text!r} is not a Kubernetes quantity") from exc
+    if match["sign"] == "-":
+        number = -number
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    return number * (Decimal(10) ** int(suffix[1:]))
+
+
+def memory_bytes(text: str | int | Decimal) -> int:
+    """Memory in whole bytes; a fractional byte count is rounded up, as Kubernetes does."""
+    value = parse_quantity(text)
+    if value < 0:
+        raise QuantityError(f"{text!r} is negative; memory must be zero or more")
+    return int(value.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def cpu_cores(text: str | int | float | Decimal) -> Decimal:
+    """CPU in cores, exact to the millicore (Kubernetes' own resolution)."""
+    value = parse_quantity(text)
+    if value < 0:
+        raise QuantityError(f"{text!r} is negative; CPU must be zero or more")
+    millicores = (value * 1000).to_integral_value(rounding="ROUND_CEILING")
+    return millicores / 1000
+
+
+def bytes_to_mib_floor(size_bytes: int) -> int:
+    return size_bytes // MIB
+
+
+def mib_ceil(size_bytes: int) -> int:
+    return -(-size_bytes // MIB)
+
+
+def format_memory(size_bytes: int) -> str:
+    """The canonical form Kubernetes would print: the largest binary suffix that divides."""
+    if size_bytes == 0:
+        return "0"
+    for suffix, factor in reversed(list(_BINARY.items())):
+        if size_bytes % factor == 0:
+            return f"{size_bytes // factor}{suffix}"
+    return str(size_bytes)
+
+
+def format_mib(size_mib: int) -> str:
+    return format_memory(size_mib * MIB)
+
+
+def format_cpu(cores: Decimal) -> str:
+    """`250m` below a whole core or for fractions, `2` for whole cores."""
+    millicores = (Decimal(cores) * 1000).to_integral_value(rounding="ROUND_CEILING")
+    if millicores % 1000 == 0:
+        return str(int(millicores // 1000))
+    return f"{int(millicores)}m"
+
+
+def format_vcpus(cores: Decimal) -> str:
+    """A vCPU count as Kata's TOML takes it: `0.2`, `1`, `1.5` (no trailing zeros)."""
+    normalized = Decimal(cores).normalize()
+    text = format(normalized, "f")
+    return text
