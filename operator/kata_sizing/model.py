@@ -1,0 +1,446 @@
+"""The KataSizingPolicy custom resource as pydantic v2 models.
+
+These models are the single source of the CRD schema (`python -m kata_sizing.crdgen`).
+Quantities stay as the strings the user wrote (so a policy round-trips) and are checked
+here; `sizing` parses them exactly with `quantity`.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from . import defaults
+from .defaults import Runtime
+from .quantity import QuantityError, cpu_cores, memory_bytes
+
+GROUP = "katasizing.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "KataSizingPolicy"
+PLURAL = "katasizingpolicies"
+SHORT_NAME = "ksp"
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# RuntimeClass.handler must be a DNS label (k8s.io/api/node/v1), so the whole name is one.
+MAX_HANDLER_LENGTH = 63
+
+_INT_OR_STRING = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+
+
+def _as_text(value: object) -> object:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float, Decimal)):
+        return format(Decimal(repr(value)) if isinstance(value, float) else Decimal(value), "f")
+    return value
+
+
+def _check_memory(text: str) -> str:
+    try:
+        memory_bytes(text)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _check_cpu(text: str) -> str:
+    try:
+        cpu_cores(text)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _check_fraction(text: str) -> str:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a decimal number (example: \"0.14\")") from None
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"{text!r} must be a finite number >= 0")
+    return text
+
+
+MemoryQuantity = Annotated[
+    str, BeforeValidator(_as_text), AfterValidator(_check_memory), WithJsonSchema(_INT_OR_STRING)
+]
+CpuQuantity = Annotated[
+    str, BeforeValidator(_as_text), AfterValidator(_check_cpu), WithJsonSchema(_INT_OR_STRING)
+]
+DecimalString = Annotated[
+    str,
+    BeforeValidator(_as_text),
+    AfterValidator(_check_fraction),
+    WithJsonSchema({"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"}),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Resources(_Model):
+    """A cpu/memory pair, as in RuntimeClass.overhead.podFixed."""
+
+    cpu: CpuQuantity
+    memory: MemoryQuantity
+
+
+class Sample(_Model):
+    """One survey row (DOMAIN.md section 3): a VM of known size and what it could use."""
+
+    container_limit_mib: int = Field(ge=0)
+    vm_nominal_mib: int = Field(gt=0)
+    free_total_mib: int = Field(ge=0)
+    free_used_mib: int = Field(ge=0)
+    pod_cgroup_memory_current_bytes: int | None = Field(default=None, ge=0)
+
+
+class Overhead(_Model):
+    """The overhead function; unset fields take the shim family's defaults (defaults.py)."""
+
+    guest_memory_base: MemoryQuantity | None = Field(
+        default=None, description="Memory the guest keeps whatever its size (kernel, daemons)."
+    )
+    guest_memory_ratio: DecimalString | None = Field(
+        default=None, description="Fraction of VM memory the workload cannot use, in [0, 0.9)."
+    )
+    guest_cpu: CpuQuantity | None = Field(default=None, description="Guest CPU budget -> overhead_vcpus.")
+    host_memory: MemoryQuantity | None = Field(
+        default=None, description="Shim, VMM and virtiofsd outside the VM."
+    )
+    host_cpu: CpuQuantity | None = None
+    margin: DecimalString | None = Field(default=None, description="Safety margin on the guest budget.")
+    samples: list[Sample] | None = Field(
+        default=None,
+        description="Measured survey rows; when given, base and ratio are fitted from them.",
+    )
+
+    @field_validator("guest_memory_ratio")
+    @classmethod
+    def _ratio_range(cls, value: str | None) -> str | None:
+        if value is not None and not Decimal(value) < Decimal("0.9"):
+            raise ValueError(f"{value} is not in [0, 0.9): the guest cannot lose 90% or more of the VM")
+        return value
+
+    @field_validator("host_memory")
+    @classmethod
+    def _host_memory_positive(cls, value: str | None) -> str | None:
+        if value is not None and memory_bytes(value) == 0:
+            raise ValueError("must be above 0: podFixed must stay above the guest budget")
+        return value
+
+    @field_validator("host_cpu")
+    @classmethod
+    def _host_cpu_positive(cls, value: str | None) -> str | None:
+        if value is not None and cpu_cores(value) == 0:
+            raise ValueError("must be above 0: podFixed.cpu must stay above overhead_vcpus")
+        return value
+
+    @field_validator("margin")
+    @classmethod
+    def _margin_range(cls, value: str | None) -> str | None:
+        if value is not None and Decimal(value) > 1:
+            raise ValueError(f"{value} is above 1.0 (a 100% margin); use a fraction such as 0.10")
+        return value
+
+    @field_validator("samples")
+    @classmethod
+    def _enough_samples(cls, value: list[Sample] | None) -> list[Sample] | None:
+        if value is not None and len(value) < 2:
+            raise ValueError("a fit needs at least two samples of different VM sizes")
+        return value
+
+
+class Fallback(_Model):
+    """default_vcpus/default_memory: the VM of a pod without limits."""
+
+    cpu: CpuQuantity = defaults.FALLBACK_CPU
+    memory: MemoryQuantity = defaults.FALLBACK_MEMORY
+
+    @field_validator("cpu")
+    @classmethod
+    def _whole_vcpus(cls, value: str) -> str:
+        cores = cpu_cores(value)
+        if cores < 1 or cores != cores.to_integral_value():
+            raise ValueError(f"{value} must be a whole number of vCPUs, at least 1 (default_vcpus)")
+        return value
+
+
+class SizeClass(_Model):
+    name: str = Field(description="DNS label; RuntimeClass and handler <namePrefix>-<name>.")
+    cpu: CpuQuantity = Field(description="Largest pod CPU limit this class serves.")
+    memory: MemoryQuantity = Field(description="Largest pod memory limit this class serves.")
+    overhead_vcpus: DecimalString | None = Field(default=None, description="Measured overhead_vcpus.")
+    overhead_memory: MemoryQuantity | None = Field(default=None, description="Measured overhead_memory.")
+    default_vcpus: int | None = Field(default=None, ge=1, description="Measured default_vcpus.")
+    default_memory: MemoryQuantity | None = Field(default=None, description="Measured default_memory.")
+    pod_fixed: Resources | None = Field(default=None, description="Measured podFixed.")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not DNS_LABEL.match(value) or len(value) > MAX_HANDLER_LENGTH:
+            raise ValueError(
+                f"{value!r} is not a DNS label (lower-case letters, digits and '-', "
+                "starting and ending with a letter or digit)"
+            )
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_positive(cls, value: str) -> str:
+        if memory_bytes(value) < 1024 * 1024:
+            raise ValueError(f"{value} is below 1Mi: a class must serve pods with some memory")
+        return value
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class RuntimeClassSpec(_Model):
+    name_prefix: str | None = Field(default=None, description="Default: kata-<policy name>.")
+    node_selector: dict[str, str] = Field(default_factory=lambda: dict(defaults.KATA_NODE_LABEL))
+    tolerations: list[Toleration] = Field(default_factory=list)
+    managed_by: Literal["Operator", "KataDeploy"] = Field(
+        default="Operator",
+        description="Operator: the operator creates RuntimeClasses. KataDeploy: the chart does, "
+        "from the rendered values; the operator only guards their fields.",
+    )
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _prefix_label(cls, value: str | None) -> str | None:
+        if value is not None and not DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a DNS label")
+        return value
+
+
+class Nodes(_Model):
+    selector: dict[str, str] = Field(default_factory=lambda: dict(defaults.KATA_NODE_LABEL))
+    system_reserved: MemoryQuantity = defaults.NODE_SYSTEM_RESERVED
+    kube_reserved: MemoryQuantity = defaults.NODE_KUBE_RESERVED
+    eviction_hard: MemoryQuantity = Field(
+        default=defaults.NODE_EVICTION_HARD, description="evictionHard[memory.available]."
+    )
+    infra_pod_memory: str = Field(
+        default="auto",
+        description="auto: sum of non-Kata pod memory requests per node; or a quantity.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+
+    @field_validator("infra_pod_memory", mode="before")
+    @classmethod
+    def _auto_or_quantity(cls, value: object) -> object:
+        value = _as_text(value)
+        if value != "auto":
+            _check_memory(value) if isinstance(value, str) else None
+        return value
+
+
+class Output(_Model):
+    namespace: str = Field(default="kata-sizing", description="Namespace of the ConfigMaps.")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_label(cls, value: str) -> str:
+        if not DNS_LABEL.match(value) or len(value) > 63:
+            raise ValueError(f"{value!r} is not a valid namespace name (a DNS label)")
+        return value
+
+
+class KataSizingPolicySpec(_Model):
+    shim: str = Field(description="A kata-deploy shim name, used as baseConfig.")
+    runtime: Literal["Rust", "Go"] | None = Field(
+        default=None, description="Rust: VM = limits + overhead_*; Go: VM = default_memory + limits."
+    )
+    hypervisor: Literal[defaults.HYPERVISORS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="TOML section [hypervisor.<name>]; default from the shim."
+    )
+    sandbox_cgroup_only: bool = defaults.SANDBOX_CGROUP_ONLY
+    hugepages: bool = False
+    overhead: Overhead = Field(default_factory=Overhead)
+    fallback: Fallback = Field(default_factory=Fallback)
+    classes: list[SizeClass] | None = Field(
+        default=None, description="Omitted: s, m, l, xl (see README for the envelopes)."
+    )
+    runtime_class: RuntimeClassSpec = Field(default_factory=RuntimeClassSpec)
+    nodes: Nodes = Field(default_factory=Nodes)
+    output: Output = Field(default_factory=Output)
+    drift_policy: Literal["Correct", "Report"] = "Correct"
+
+    @field_validator("shim")
+    @classmethod
+    def _known_shim(cls, value: str) -> str:
+        if value in defaults.OUT_OF_SCOPE_SHIMS:
+            raise ValueError(defaults.OUT_OF_SCOPE_SHIMS[value])
+        if value not in defaults.SHIMS:
+            known = ", ".join(sorted(defaults.SHIMS))
+            raise ValueError(f"{value!r} is not a kata-deploy shim (one of: {known})")
+        return value
+
+    @field_validator("classes")
+    @classmethod
+    def _classes_consistent(cls, value: list[SizeClass] | None) -> list[SizeClass] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("must list at least one class, or be omitted for s/m/l/xl")
+        seen: set[str] = set()
+        for size_class in value:
+            if size_class.name in seen:
+                raise ValueError(f"class name {size_class.name!r} is used twice; names must be unique")
+            seen.add(size_class.name)
+        for smaller, larger in zip(value, value[1:]):
+            if memory_bytes(larger.memory) <= memory_bytes(smaller.memory):
+                raise ValueError(
+                    f"class {larger.name!r} memory {larger.memory} is not above class "
+                    f"{smaller.name!r} memory {smaller.memory}: envelopes must strictly increase"
+                )
+        return value
+
+    @property
+    def shim_info(self) -> defaults.ShimInfo:
+        return defaults.SHIMS[self.shim]
+
+    @property
+    def effective_runtime(self) -> Runtime:
+        return Runtime(self.runtime) if self.runtime else self.shim_info.runtime
+
+    @property
+    def effective_hypervisor(self) -> str:
+        return self.hypervisor or self.shim_info.hypervisor
+
+    @property
+    def effective_classes(self) -> list[SizeClass]:
+        if self.classes is not None:
+            return list(self.classes)
+        return [SizeClass(name=c.name, cpu=c.cpu, memory=c.memory) for c in defaults.DEFAULT_CLASSES]
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata kata-sizing reads; everything else passes through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    uid: str | None = None
+    generation: int | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not DNS_LABEL.match(value) or len(value) > 63:
+            raise ValueError(
+                f"{value!r} is not a DNS label; the policy name is used in ConfigMap and "
+                "RuntimeClass names"
+            )
+        return value
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+
+
+class LargestVm(_Model):
+    vcpus: int
+    memory_mib: int = Field(alias="memoryMiB")
+
+
+class ClassStatus(_Model):
+    name: str
+    runtime_class: str
+    pod_fixed: Resources
+    overhead_vcpus: str | None = None
+    overhead_memory: str | None = None
+    default_vcpus: int
+    default_memory: str
+    largest_vm: LargestVm
+
+
+class KataSizingPolicyStatus(_Model):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    classes: list[ClassStatus] = Field(default_factory=list)
+    drift_corrections: int = 0
+    warnings: list[str] = Field(default_factory=list)
+
+
+class KataSizingPolicy(_Model):
+    api_version: Literal["katasizing.dev/v1alpha1"] = API_VERSION
+    kind: Literal["KataSizingPolicy"] = KIND
+    metadata: ObjectMeta
+    spec: KataSizingPolicySpec
+    status: KataSizingPolicyStatus | None = None
+
+    @model_validator(mode="after")
+    def _names_fit(self) -> "KataSizingPolicy":
+        prefix = self.runtime_class_prefix
+        for size_class in self.spec.effective_classes:
+            name = f"{prefix}-{size_class.name}"
+            if len(name) > MAX_HANDLER_LENGTH:
+                raise ValueError(
+                    f"spec.runtimeClass.namePrefix: RuntimeClass/handler {name!r} is "
+                    f"{len(name)} characters; a handler is a DNS label of at most 63"
+                )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def runtime_class_prefix(self) -> str:
+        return self.spec.runtime_class.name_prefix or f"kata-{self.metadata.name}"
+
+
+def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
+    """One line per problem: `spec.classes[1].memory: <rule>`."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        path = root
+        for part in error["loc"]:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif part.startswith("function-") or part in ("str", "int", "bool"):
+                continue
+            else:
+                path += f".{part}" if path else str(part)
+        message = error["msg"]
+        for prefix in ("Value error, ", "Assertion failed, "):
+            if message.startswith(prefix):
+                message = message[len(prefix):]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field (not part of KataSizingPolicy)"
+        elif error["type"] == "missing":
+            message = "required field is missing"
+        lines.append(f"{path or '(policy)'}: {message}")
+    return lines

@@ -1,0 +1,383 @@
+"""The sizing math: pure functions from a validated policy to per-class Kata settings.
+
+DOMAIN.md section 2 (the two runtimes' rules) and section 3 (the guest budget formula).
+No I/O; everything exact (int MiB, Decimal cores).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
+
+from . import defaults
+from .defaults import Runtime
+from .model import KataSizingPolicy, KataSizingPolicySpec, SizeClass
+from .quantity import MIB, cpu_cores, format_cpu, format_mib, format_vcpus, memory_bytes, mib_ceil
+
+
+class Severity:
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class OverheadFunction:
+    """unusable(V) = base + ratio x V for a VM of V MiB, plus host-side constants."""
+
+    guest_memory_base_mib: int
+    guest_memory_ratio: Decimal
+    guest_cpu: Decimal
+    host_memory_mib: int
+    host_cpu: Decimal
+    margin: Decimal
+    fitted: bool = False
+
+
+@dataclass(frozen=True)
+class Vm:
+    vcpus: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class ClassSizing:
+    name: str
+    runtime_class: str
+    runtime: Runtime
+    envelope_cpu: Decimal
+    envelope_memory_mib: int
+    guest_budget_mib: int
+    overhead_vcpus: Decimal | None  # Rust runtime only
+    overhead_memory_mib: int | None  # Rust runtime only
+    default_vcpus: int
+    default_memory_mib: int
+    default_maxmemory_mib: int
+    pod_fixed_cpu: Decimal
+    pod_fixed_memory_mib: int
+    largest_vm: Vm
+    explicit: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def pod_fixed(self) -> dict[str, str]:
+        return {"cpu": format_cpu(self.pod_fixed_cpu), "memory": format_mib(self.pod_fixed_memory_mib)}
+
+
+@dataclass(frozen=True)
+class PolicySizing:
+    policy: KataSizingPolicy
+    runtime: Runtime
+    hypervisor: str
+    overhead: OverheadFunction
+    classes: tuple[ClassSizing, ...]
+    problems: tuple[Problem, ...]
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == Severity.WARNING]
+
+    def class_named(self, name: str) -> ClassSizing:
+        for sized in self.classes:
+            if sized.name == name:
+                return sized
+        known = ", ".join(c.name for c in self.classes)
+        raise KeyError(f"no class {name!r} in policy {self.policy.name} (classes: {known})")
+
+
+def round_up_even(mib: int) -> int:
+    return mib + (mib % 2)
+
+
+def guest_budget_mib(base_mib: int, ratio: Decimal, largest_limit_mib: int, margin: Decimal) -> int:
+    """G such that a VM of L + G leaves L usable (DOMAIN.md section 3), with margin.
+
+    G >= (base + ratio x L) / (1 - ratio); then x (1 + margin), rounded up to an even MiB.
+    """
+    need = (Decimal(base_mib) + ratio * largest_limit_mib) / (1 - ratio)
+    with_margin = need * (1 + margin)
+    return round_up_even(int(with_margin.to_integral_value(rounding=ROUND_CEILING)))
+
+
+def overhead_function(spec: KataSizingPolicySpec) -> OverheadFunction:
+    """The policy's overhead function: its own fields over the shim family's defaults."""
+    family = defaults.OVERHEAD_DEFAULTS[spec.shim_info.family]
+    given = spec.overhead
+    base = mib_ceil(memory_bytes(given.guest_memory_base)) if given.guest_memory_base else None
+    ratio = Decimal(given.guest_memory_ratio) if given.guest_memory_ratio else None
+    fitted = False
+    if given.samples:
+        from .calibrate import fit_samples  # local import: only policies with samples need it
+
+        fit = fit_samples(given.samples)
+        base = base if base is not None else fit.base_mib
+        ratio = ratio if ratio is not None else fit.ratio
+        fitted = True
+    return OverheadFunction(
+        guest_memory_base_mib=base if base is not None else family.guest_memory_base_mib,
+        guest_memory_ratio=ratio if ratio is not None else family.guest_memory_ratio,
+        guest_cpu=cpu_cores(given.guest_cpu) if given.guest_cpu else family.guest_cpu,
+        host_memory_mib=(
+            mib_ceil(memory_bytes(given.host_memory)) if given.host_memory else family.host_memory_mib
+        ),
+        host_cpu=cpu_cores(given.host_cpu) if given.host_cpu else family.host_cpu,
+        margin=Decimal(given.margin) if given.margin else family.margin,
+        fitted=fitted,
+    )
+
+
+def _size_class(
+    size_class: SizeClass, runtime: Runtime, fn: OverheadFunction, spec: KataSizingPolicySpec, prefix: str
+) -> ClassSizing:
+    envelope_cpu = cpu_cores(size_class.cpu)
+    envelope_mib = round_up_even(memory_bytes(size_class.memory) // MIB)
+    budget = guest_budget_mib(fn.guest_memory_base_mib, fn.guest_memory_ratio, envelope_mib, fn.margin)
+    explicit = {
+        name for name in ("overhead_vcpus", "overhead_memory", "default_vcpus", "default_memory", "pod_fixed")
+        if getattr(size_class, name) is not None
+    }
+    fallback_vcpus = int(cpu_cores(spec.fallback.cpu))
+    default_vcpus = size_class.default_vcpus or fallback_vcpus
+
+    if runtime is Runtime.RUST:
+        overhead_vcpus = (
+            Decimal(size_class.overhead_vcpus) if size_class.overhead_vcpus is not None else fn.guest_cpu
+        )
+        overhead_memory = (
+            mib_ceil(memory_bytes(size_class.overhead_memory))
+            if size_class.overhead_memory is not None else budget
+        )
+        default_memory = (
+            mib_ceil(memory_bytes(size_class.default_memory))
+            if size_class.default_memory is not None
+            else mib_ceil(memory_bytes(spec.fallback.memory))
+        )
+        pod_fixed_cpu = overhead_vcpus + fn.host_cpu
+        pod_fixed_memory = max(overhead_memory, default_memory) + fn.host_memory_mib
+        largest = simulate_rust(
+            envelope_cpu, envelope_mib * MIB, overhead_vcpus, overhead_memory, default_vcpus, default_memory
+        )
+        largest_vm = largest.vm if largest.vm else Vm(default_vcpus, default_memory)
+        guest_budget = overhead_memory
+    else:
+        overhead_vcpus = None
+        overhead_memory = None
+        default_memory = (
+            mib_ceil(memory_bytes(size_class.default_memory))
+            if size_class.default_memory is not None else budget
+        )
+        pod_fixed_cpu = fn.guest_cpu + fn.host_cpu
+        pod_fixed_memory = default_memory + fn.host_memory_mib
+        largest_vm = simulate_go(envelope_cpu, envelope_mib * MIB, default_vcpus, default_memory).vm
+        guest_budget = default_memory
+
+    if size_class.pod_fixed is not None:
+        pod_fixed_cpu = cpu_cores(size_class.pod_fixed.cpu)
+        pod_fixed_memory = mib_ceil(memory_bytes(size_class.pod_fixed.memory))
+
+    return ClassSizing(
+        name=size_class.name,
+        runtime_class=f"{prefix}-{size_class.name}",
+        runtime=runtime,
+        envelope_cpu=envelope_cpu,
+        envelope_memory_mib=envelope_mib,
+        guest_budget_mib=guest_budget,
+        overhead_vcpus=overhead_vcpus,
+        overhead_memory_mib=overhead_memory,
+        default_vcpus=default_vcpus,
+        default_memory_mib=default_memory,
+        # The largest VM of the class; runtime-rs raises it to at least default_memory itself.
+        default_maxmemory_mib=max(largest_vm.memory_mib, default_memory),
+        pod_fixed_cpu=pod_fixed_cpu,
+        pod_fixed_memory_mib=pod_fixed_memory,
+        largest_vm=largest_vm,
+        explicit=frozenset(explicit),
+    )
+
+
+def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> list[Problem]:
+    """DESIGN.md invariants: errors make the policy invalid; the one warning does not."""
+    problems = []
+    for index, sized in enumerate(classes):
+        path = f"spec.classes[{index}] ({sized.name})"
+        pf_mem, pf_cpu = format_mib(sized.pod_fixed_memory_mib), format_cpu(sized.pod_fixed_cpu)
+        if sized.runtime is Runtime.RUST:
+            if not sized.pod_fixed_memory_mib > sized.overhead_memory_mib:
+                problems.append(Problem(Severity.ERROR, path, (
+                    f"podFixed.memory {pf_mem} must be above overhead_memory "
+                    f"{format_mib(sized.overhead_memory_mib)}: podFixed covers the guest side "
+                    "(overhead_memory) plus the host side")))
+            if not sized.pod_fixed_cpu > sized.overhead_vcpus:
+                problems.append(Problem(Severity.ERROR, path, (
+                    f"podFixed.cpu {pf_cpu} must be above overhead_vcpus "
+                    f"{format_vcpus(sized.overhead_vcpus)}: podFixed covers the guest side "
+                    "(overhead_vcpus) plus the host side")))
+            if sized.pod_fixed_memory_mib < sized.default_memory_mib + fn.host_memory_mib:
+                problems.append(Problem(Severity.WARNING, path, (
+                    f"podFixed.memory {pf_mem} is below default_memory "
+                    f"{format_mib(sized.default_memory_mib)} + host memory "
+                    f"{format_mib(fn.host_memory_mib)}: pods without limits boot a VM of "
+                    "default_memory and are under-accounted")))
+        else:
+            if not sized.pod_fixed_memory_mib > sized.default_memory_mib:
+                problems.append(Problem(Severity.ERROR, path, (
+                    f"podFixed.memory {pf_mem} must be above default_memory "
+                    f"{format_mib(sized.default_memory_mib)}: in the Go runtime default_memory "
+                    "is the guest budget and podFixed must cover it plus the host side")))
+        if sized.largest_vm.memory_mib <= 0:
+            problems.append(Problem(Severity.ERROR, path, (
+                "the largest VM of this class has 0 MiB of memory; set a non-zero memory "
+                "envelope or overhead_memory")))
+    return problems
+
+
+def size_policy(policy: KataSizingPolicy) -> PolicySizing:
+    spec = policy.spec
+    runtime = spec.effective_runtime
+    fn = overhead_function(spec)
+    prefix = policy.runtime_class_prefix
+    classes = tuple(_size_class(c, runtime, fn, spec, prefix) for c in spec.effective_classes)
+    problems = check_invariants(classes, fn)
+    return PolicySizing(policy, runtime, spec.effective_hypervisor, fn, classes, tuple(problems))
+
+
+# --- The VM simulator: each runtime's own rules (DOMAIN.md section 2) ----------------------
+
+
+class SandboxRefused(Exception):
+    """The runtime would refuse to start this sandbox; the message is Kata's."""
+
+
+@dataclass(frozen=True)
+class SimulatedVm:
+    vm: Vm | None
+    vcpus_exact: Decimal | None = None
+
+
+def _limit_mib_rust(memory_limit_bytes: int) -> int:
+    # runtime-rs truncates to whole MiB, then rounds an odd value up (2 MiB huge-page alignment).
+    return round_up_even(memory_limit_bytes // MIB)
+
+
+def simulate_rust(
+    cpu_limit: Decimal | None,
+    memory_limit_bytes: int | None,
+    overhead_vcpus: Decimal,
+    overhead_memory_mib: int,
+    default_vcpus: int,
+    default_memory_mib: int,
+    hypervisor: str = "qemu",
+) -> SimulatedVm:
+    """runtime-rs with static_sandbox_resource_mgmt = true."""
+    if cpu_limit is None and memory_limit_bytes is None:
+        return SimulatedVm(Vm(default_vcpus, default_memory_mib), Decimal(default_vcpus))
+    vcpus_exact = (cpu_limit or Decimal(0)) + overhead_vcpus
+    vcpus = max(1, math.ceil(vcpus_exact))
+    memory_mib = (_limit_mib_rust(memory_limit_bytes) if memory_limit_bytes else 0) + overhead_memory_mib
+    if memory_mib == 0:
+        raise SandboxRefused(
+            f"computed sandbox memory is 0 MiB for hypervisor {hypervisor}; set a non-zero "
+            "memory limit or configure non-zero default_memory/overhead_memory"
+        )
+    return SimulatedVm(Vm(vcpus, memory_mib), vcpus_exact)
+
+
+def simulate_go(
+    cpu_limit: Decimal | None, memory_limit_bytes: int | None, default_vcpus: int, default_memory_mib: int
+) -> SimulatedVm:
+    """Go runtime: default_* plus the containers' limits (hot-plugged or static)."""
+    extra_vcpus = math.ceil(cpu_limit) if cpu_limit else 0
+    extra_mib = memory_limit_bytes // MIB if memory_limit_bytes else 0
+    vcpus = default_vcpus + extra_vcpus
+    return SimulatedVm(Vm(vcpus, default_memory_mib + extra_mib), Decimal(vcpus))
+
+
+@dataclass(frozen=True)
+class Explanation:
+    class_name: str
+    runtime_class: str
+    vm: Vm
+    accounted_cpu: Decimal
+    accounted_memory_mib_exact: Decimal
+    accounted_memory_bytes: int
+    warnings: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "class": self.class_name,
+            "runtimeClass": self.runtime_class,
+            "vm": {"vcpus": self.vm.vcpus, "memoryMiB": self.vm.memory_mib},
+            "accounted": {
+                "cpu": format_cpu(self.accounted_cpu),
+                "memory": _format_bytes(self.accounted_memory_bytes),
+            },
+            "warnings": list(self.warnings),
+        }
+
+
+def _format_bytes(size_bytes: int) -> str:
+    from .quantity import format_memory
+
+    return format_memory(size_bytes)
+
+
+def explain_pod(
+    sizing: PolicySizing, class_name: str, cpu_limit: Decimal | None, memory_limit_bytes: int | None
+) -> Explanation:
+    """The VM Kata boots for a pod with these limits, and what Kubernetes accounts for it."""
+    sized = sizing.class_named(class_name)
+    if sizing.runtime is Runtime.RUST:
+        simulated = simulate_rust(
+            cpu_limit, memory_limit_bytes, sized.overhead_vcpus, sized.overhead_memory_mib,
+            sized.default_vcpus, sized.default_memory_mib, sizing.hypervisor,
+        )
+    else:
+        simulated = simulate_go(cpu_limit, memory_limit_bytes, sized.default_vcpus, sized.default_memory_mib)
+    vm = simulated.vm
+    accounted_cpu = (cpu_limit or Decimal(0)) + sized.pod_fixed_cpu
+    accounted_bytes = (memory_limit_bytes or 0) + sized.pod_fixed_memory_mib * MIB
+    warnings = []
+    if cpu_limit is None and memory_limit_bytes is None:
+        warnings.append(
+            f"a pod without limits boots the fallback VM ({vm.vcpus} vCPUs, {vm.memory_mib} MiB) "
+            f"but Kubernetes accounts only podFixed ({format_cpu(sized.pod_fixed_cpu)}, "
+            f"{format_mib(sized.pod_fixed_memory_mib)}); set limits on Kata pods"
+        )
+    elif memory_limit_bytes is None:
+        warnings.append(
+            "no memory limit: the VM gets only the guest budget "
+            f"({vm.memory_mib} MiB) and the workload may be OOM-killed inside it"
+        )
+    if accounted_bytes < vm.memory_mib * MIB:
+        warnings.append(
+            f"Kubernetes accounts {_format_bytes(accounted_bytes)} but the VM alone is "
+            f"{vm.memory_mib} MiB: the node is overcommitted by this pod"
+        )
+    if cpu_limit is not None and cpu_limit > sized.envelope_cpu:
+        warnings.append(
+            f"CPU limit {format_cpu(cpu_limit)} is above class {sized.name}'s envelope "
+            f"{format_cpu(sized.envelope_cpu)}; use a larger class"
+        )
+    if memory_limit_bytes is not None and memory_limit_bytes > sized.envelope_memory_mib * MIB:
+        warnings.append(
+            f"memory limit {_format_bytes(memory_limit_bytes)} is above class {sized.name}'s "
+            f"envelope {format_mib(sized.envelope_memory_mib)}; the guest budget may not cover "
+            "the kernel's share of a VM this large; use a larger class"
+        )
+    return Explanation(
+        sized.name, sized.runtime_class, vm, accounted_cpu,
+        Decimal(accounted_bytes) / MIB, accounted_bytes, tuple(warnings),
+    )
