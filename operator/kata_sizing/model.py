@@ -444,3 +444,33 @@ def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
             message = "required field is missing"
         lines.append(f"{path or '(policy)'}: {message}")
     return lines
+
+
+class PolicyError(ValueError):
+    """A policy that is not valid; `problems` holds one line per violated rule."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def parse_policy(document: object) -> KataSizingPolicy:
+    """A KataSizingPolicy from a parsed YAML/JSON document or a live object's body."""
+    if not isinstance(document, dict):
+        raise PolicyError([f"(policy): expected a mapping (a KataSizingPolicy), got {type(document).__name__}"])
+    body = {key: document[key] for key in ("apiVersion", "kind", "metadata", "spec", "status") if key in document}
+    unknown = sorted(set(document) - set(body))
+    problems = [f"{key}: unknown top-level field" for key in unknown]
+    if isinstance(body.get("metadata"), dict):
+        # Live objects carry server fields (managedFields, resourceVersion...); keep what we read.
+        meta = body["metadata"]
+        body["metadata"] = {k: meta[k] for k in ("name", "uid", "generation") if k in meta}
+    # Status is the operator's to write; a stale or hand-edited one must not invalidate the spec.
+    body.pop("status", None)
+    try:
+        policy = KataSizingPolicy.model_validate(body)
+    except ValidationError as exc:
+        raise PolicyError(problems + format_validation_error(exc)) from None
+    if problems:
+        raise PolicyError(problems)
+    return policy

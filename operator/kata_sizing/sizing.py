@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 
 from . import defaults
+from .calibrate import Sample as SurveySample
+from .calibrate import CalibrationError, Fit, fit_overhead, guest_budget_mib
 from .defaults import Runtime
 from .model import KataSizingPolicy, KataSizingPolicySpec, SizeClass
 from .quantity import MIB, cpu_cores, format_cpu, format_mib, format_vcpus, memory_bytes, mib_ceil
@@ -102,41 +104,53 @@ def round_up_even(mib: int) -> int:
     return mib + (mib % 2)
 
 
-def guest_budget_mib(base_mib: int, ratio: Decimal, largest_limit_mib: int, margin: Decimal) -> int:
-    """G such that a VM of L + G leaves L usable (DOMAIN.md section 3), with margin.
+def _fit_samples(spec: KataSizingPolicySpec) -> tuple[Fit | None, list[Problem]]:
+    rows = spec.overhead.samples
+    if not rows:
+        return None, []
+    try:
+        return fit_overhead([
+            SurveySample(
+                container_limit_mib=Decimal(row.container_limit_mib),
+                vm_nominal_mib=Decimal(row.vm_nominal_mib),
+                free_total_mib=Decimal(row.free_total_mib),
+                free_used_mib=Decimal(row.free_used_mib),
+                pod_cgroup_memory_current_bytes=row.pod_cgroup_memory_current_bytes,
+            )
+            for row in rows
+        ]), []
+    except (CalibrationError, ValueError) as exc:
+        problems = getattr(exc, "problems", None) or [str(exc)]
+        return None, [Problem(Severity.ERROR, "spec.overhead.samples", p) for p in problems]
 
-    G >= (base + ratio x L) / (1 - ratio); then x (1 + margin), rounded up to an even MiB.
-    """
-    need = (Decimal(base_mib) + ratio * largest_limit_mib) / (1 - ratio)
-    with_margin = need * (1 + margin)
-    return round_up_even(int(with_margin.to_integral_value(rounding=ROUND_CEILING)))
 
-
-def overhead_function(spec: KataSizingPolicySpec) -> OverheadFunction:
-    """The policy's overhead function: its own fields over the shim family's defaults."""
+def overhead_function(spec: KataSizingPolicySpec) -> tuple[OverheadFunction, list[Problem]]:
+    """The policy's overhead function: its own fields, else a fit of its samples, else the
+    shim family's defaults (defaults.py)."""
     family = defaults.OVERHEAD_DEFAULTS[spec.shim_info.family]
     given = spec.overhead
-    base = mib_ceil(memory_bytes(given.guest_memory_base)) if given.guest_memory_base else None
-    ratio = Decimal(given.guest_memory_ratio) if given.guest_memory_ratio else None
-    fitted = False
-    if given.samples:
-        from .calibrate import fit_samples  # local import: only policies with samples need it
-
-        fit = fit_samples(given.samples)
-        base = base if base is not None else fit.base_mib
-        ratio = ratio if ratio is not None else fit.ratio
-        fitted = True
+    fit, problems = _fit_samples(spec)
+    base = family.guest_memory_base_mib
+    ratio = family.guest_memory_ratio
+    host_memory = family.host_memory_mib
+    if fit is not None:
+        base, ratio = fit.base_mib, fit.ratio
+        host_memory = fit.host_mib if fit.host_mib else host_memory
+    if given.guest_memory_base:
+        base = mib_ceil(memory_bytes(given.guest_memory_base))
+    if given.guest_memory_ratio:
+        ratio = Decimal(given.guest_memory_ratio)
+    if given.host_memory:
+        host_memory = mib_ceil(memory_bytes(given.host_memory))
     return OverheadFunction(
-        guest_memory_base_mib=base if base is not None else family.guest_memory_base_mib,
-        guest_memory_ratio=ratio if ratio is not None else family.guest_memory_ratio,
+        guest_memory_base_mib=base,
+        guest_memory_ratio=ratio,
         guest_cpu=cpu_cores(given.guest_cpu) if given.guest_cpu else family.guest_cpu,
-        host_memory_mib=(
-            mib_ceil(memory_bytes(given.host_memory)) if given.host_memory else family.host_memory_mib
-        ),
+        host_memory_mib=host_memory,
         host_cpu=cpu_cores(given.host_cpu) if given.host_cpu else family.host_cpu,
         margin=Decimal(given.margin) if given.margin else family.margin,
-        fitted=fitted,
-    )
+        fitted=fit is not None,
+    ), problems
 
 
 def _size_class(
@@ -247,10 +261,10 @@ def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> 
 def size_policy(policy: KataSizingPolicy) -> PolicySizing:
     spec = policy.spec
     runtime = spec.effective_runtime
-    fn = overhead_function(spec)
+    fn, problems = overhead_function(spec)
     prefix = policy.runtime_class_prefix
     classes = tuple(_size_class(c, runtime, fn, spec, prefix) for c in spec.effective_classes)
-    problems = check_invariants(classes, fn)
+    problems += check_invariants(classes, fn)
     return PolicySizing(policy, runtime, spec.effective_hypervisor, fn, classes, tuple(problems))
 
 

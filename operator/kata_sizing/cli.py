@@ -1,0 +1,331 @@
+"""`kata-sizing`: the command-line shell over the pure core.
+
+Exit codes: 0 ok, 1 the policy (or the audited install) breaks a rule, 2 the input cannot
+be read. Every problem is one line on stderr; no traceback reaches the user. kopf and the
+kubernetes client are imported only by the `operator` subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from .model import KataSizingPolicy, PolicyError, parse_policy
+from .quantity import QuantityError, cpu_cores, memory_bytes
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+
+
+class InputError(Exception):
+    """The input file cannot be read or parsed at all."""
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Multi-line strings (drop-ins, values.yaml) as readable `|` blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+    if "\n" in text and all(line == line.rstrip() for line in text.split("\n")):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text)
+
+
+_LiteralDumper.add_representer(str, _represent_str)
+
+
+def dump_yaml_documents(objects: Sequence[dict]) -> str:
+    return yaml.dump_all(objects, Dumper=_LiteralDumper, sort_keys=False, explicit_start=True)
+
+
+def read_text(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def load_yaml_documents(path: str) -> list[object]:
+    text = read_text(path)
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
+    if not documents:
+        raise InputError(f"{path}: holds no YAML document")
+    return documents
+
+
+def load_policies(path: str) -> list[KataSizingPolicy]:
+    """Every KataSizingPolicy in a file; all problems of all documents in one PolicyError."""
+    documents = load_yaml_documents(path)
+    policies, problems = [], []
+    for index, document in enumerate(documents):
+        where = f"{path}" + (f" (document {index + 1})" if len(documents) > 1 else "")
+        if isinstance(document, dict) and document.get("kind") not in (None, "KataSizingPolicy"):
+            problems.append(f"{where}: kind: {document.get('kind')!r} is not KataSizingPolicy")
+            continue
+        try:
+            policies.append(parse_policy(document))
+        except PolicyError as exc:
+            problems.extend(f"{where}: {line}" for line in exc.problems)
+    if problems:
+        raise PolicyError(problems)
+    return policies
+
+
+def _print_problems(lines: Sequence[str], prefix: str = "error") -> None:
+    for line in lines:
+        print(f"{prefix}: {line}", file=sys.stderr)
+
+
+# --- subcommands ------------------------------------------------------------------------
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from .guidance import NodeFacts
+    from .render import render_policy
+
+    policies = load_policies(args.policy)
+    nodes = None
+    if args.node_capacity:
+        nodes = [NodeFacts(
+            name=args.node_name,
+            capacity_memory_bytes=_limit("--node-capacity", args.node_capacity, memory_bytes),
+            capacity_cpu=_limit("--node-cpu", args.node_cpu, cpu_cores),
+            infra_pod_memory_bytes=_limit("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
+        )]
+    objects, errors = [], []
+    for policy in policies:
+        rendered = render_policy(policy, nodes=nodes)
+        errors.extend(f"{policy.name}: {p}" for p in rendered.problems if p.severity == "error")
+        _print_problems([f"{policy.name}: {p}" for p in rendered.problems if p.severity == "warning"], "warning")
+        if not rendered.creates_runtime_classes:
+            print(
+                f"note: {policy.name}: runtimeClass.managedBy is KataDeploy; the kata-deploy chart "
+                "creates the RuntimeClasses from the values overlay, so they are not printed",
+                file=sys.stderr,
+            )
+        objects.extend(rendered.objects())
+    if errors:
+        _print_problems(errors)
+        return EXIT_INVALID
+    if args.output == "json":
+        body = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
+        print(json.dumps(body, indent=2))
+    else:
+        sys.stdout.write(dump_yaml_documents(objects))
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .sizing import size_policy
+
+    policies = load_policies(args.policy)
+    errors, warnings = [], []
+    for policy in policies:
+        sizing = size_policy(policy)
+        errors.extend(f"{policy.name}: {p}" for p in sizing.errors)
+        warnings.extend(f"{policy.name}: {p}" for p in sizing.warnings)
+    if args.strict:
+        errors.extend(f"{w} (--strict)" for w in warnings)
+        warnings = []
+    _print_problems(warnings, "warning")
+    if errors:
+        _print_problems(errors)
+        return EXIT_INVALID
+    names = ", ".join(p.name for p in policies)
+    print(f"valid: {names}")
+    return EXIT_OK
+
+
+def _limit(option: str, text: str | None, parse) -> object:
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except QuantityError as exc:
+        raise PolicyError([f"{option}: {exc}"]) from None
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .sizing import SandboxRefused, explain_pod, size_policy
+
+    policies = load_policies(args.policy)
+    if len(policies) > 1 and not args.policy_name:
+        names = ", ".join(p.name for p in policies)
+        raise PolicyError([f"{args.policy} holds several policies ({names}); pick one with --policy-name"])
+    if args.policy_name:
+        chosen = [p for p in policies if p.name == args.policy_name]
+        if not chosen:
+            raise PolicyError([f"--policy-name: no policy {args.policy_name!r} in {args.policy}"])
+        policy = chosen[0]
+    else:
+        policy = policies[0]
+    sizing = size_policy(policy)
+    if sizing.errors:
+        raise PolicyError([str(p) for p in sizing.errors])
+    cpu = _limit("--cpu", args.cpu, cpu_cores)
+    memory = _limit("--memory", args.memory, memory_bytes)
+    try:
+        explanation = explain_pod(sizing, args.class_name, cpu, memory)
+    except KeyError as exc:
+        raise PolicyError([f"--class: {exc.args[0]}"]) from None
+    except SandboxRefused as exc:
+        print(f"error: Kata refuses this pod: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.output == "json":
+        print(json.dumps(explanation.as_dict(), indent=2))
+        return EXIT_OK
+    sized = sizing.class_named(args.class_name)
+    data = explanation.as_dict()
+    limits = ", ".join(filter(None, [
+        f"cpu {args.cpu}" if args.cpu else None, f"memory {args.memory}" if args.memory else None,
+    ])) or "no limits"
+    print(f"pod with {limits} on RuntimeClass {sized.runtime_class} ({sizing.runtime.value} runtime)")
+    print(f"  VM Kata boots:        {data['vm']['vcpus']} vCPUs, {data['vm']['memoryMiB']} MiB")
+    print(f"  Kubernetes accounts:  cpu {data['accounted']['cpu']}, memory {data['accounted']['memory']}"
+          f" (limits + podFixed {sized.pod_fixed['cpu']}/{sized.pod_fixed['memory']})")
+    for warning in data["warnings"]:
+        print(f"  warning: {warning}")
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import CalibrationError, fit_overhead, parse_samples_csv
+
+    text = read_text(args.samples)
+    try:
+        samples = parse_samples_csv(text)
+        fit = fit_overhead(samples, margin=Decimal(args.margin))
+    except CalibrationError as exc:
+        _print_problems([f"{args.samples}: {p}" for p in exc.problems])
+        return EXIT_INVALID
+    report = {
+        "overhead": fit.overhead_block(),
+        "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib],
+        "maxGuestDaemonsMiB": format(Decimal(fit.max_guest_daemons_mib).normalize(), "f"),
+    }
+    if args.policy:
+        from .sizing import size_policy
+
+        policy = load_policies(args.policy)[0]
+        spec = policy.spec.model_dump(by_alias=True, exclude_none=True)
+        spec["overhead"] = {**spec.get("overhead", {}), **fit.overhead_block()}
+        spec["overhead"].pop("samples", None)
+        refitted = parse_policy({"metadata": {"name": policy.name}, "spec": spec})
+        report["classes"] = [
+            {
+                "name": c.name,
+                "guestBudgetMiB": c.guest_budget_mib,
+                "podFixed": c.pod_fixed,
+            }
+            for c in size_policy(refitted).classes
+        ]
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print("# Fitted overhead function (upper envelope: every sample covered).")
+    print("# Paste under spec: in a KataSizingPolicy.")
+    sys.stdout.write(yaml.safe_dump({"overhead": report["overhead"]}, sort_keys=False))
+    print("# Residuals per sample (line above measurement, MiB): " + ", ".join(report["residualsMiB"]))
+    for c in report.get("classes", []):
+        print(f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, "
+              f"podFixed {c['podFixed']['cpu']}/{c['podFixed']['memory']}")
+    return EXIT_OK
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from .operator_main import run_operator  # kopf and kubernetes load only here
+
+    return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kata-sizing",
+        description="Size Kata Containers runtime classes from a KataSizingPolicy.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    render = sub.add_parser("render", help="print every object the operator would apply")
+    render.add_argument("policy", metavar="POLICY.yaml", help="policy file ('-' for stdin)")
+    render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    render.add_argument("--node-capacity", metavar="QUANTITY", help="add node guidance for this memory capacity")
+    render.add_argument("--node-cpu", metavar="QUANTITY", help="the node's CPU capacity, for VMs-per-class")
+    render.add_argument("--infra-pod-memory", metavar="QUANTITY",
+                        help="memory requests of the node's non-Kata pods (default: none)")
+    render.add_argument("--node-name", default="node", help=argparse.SUPPRESS)
+    render.set_defaults(func=cmd_render)
+
+    explain = sub.add_parser("explain", help="the VM Kata boots for a pod, and what Kubernetes accounts")
+    explain.add_argument("policy", metavar="POLICY.yaml")
+    explain.add_argument("--class", dest="class_name", required=True)
+    explain.add_argument("--cpu", help="the pod's CPU limit, e.g. 1.5 or 1500m")
+    explain.add_argument("--memory", help="the pod's memory limit, e.g. 600Mi")
+    explain.add_argument("--policy-name", help="which policy, when the file holds several")
+    explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    explain.set_defaults(func=cmd_explain)
+
+    validate = sub.add_parser("validate", help="check a policy against every rule")
+    validate.add_argument("policy", metavar="POLICY.yaml")
+    validate.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    validate.set_defaults(func=cmd_validate)
+
+    calibrate = sub.add_parser("calibrate", help="fit the overhead function from survey rows")
+    calibrate.add_argument("samples", metavar="SAMPLES.csv")
+    calibrate.add_argument("--margin", default="0.10", help="safety margin for the printed block")
+    calibrate.add_argument("--policy", metavar="POLICY.yaml", help="show the per-class values the fit gives")
+    calibrate.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    operator = sub.add_parser("operator", help="run the operator (kopf)")
+    operator.add_argument("--liveness", metavar="URL", help="serve kopf's health endpoint here")
+    operator.add_argument("--standalone", action="store_true", help="no peering (one replica)")
+    operator.add_argument("--namespace", help=argparse.SUPPRESS)
+    operator.set_defaults(func=cmd_operator)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    except PolicyError as exc:
+        _print_problems(exc.problems)
+        return EXIT_INVALID
+    except QuantityError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Rendering: sized classes -> the desired Kubernetes objects, through jinja2 templates.
+
+Pure: no client, no I/O beyond reading the templates once. Every template is rendered
+with StrictUndefined, values enter YAML through `tojson` or `yaml_block`, and each
+document is parsed back here, so what leaves this module is plain dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from .guidance import NodeFacts, NodeGroupGuidance, node_guidance
+from .model import API_VERSION, KIND, KataSizingPolicy
+from .quantity import format_cpu, format_mib, format_vcpus
+from .sizing import ClassSizing, PolicySizing, Problem, size_policy
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kata-sizing"
+POLICY_LABEL = "katasizing.dev/policy"
+CLASS_LABEL = "katasizing.dev/class"
+
+VALUES_KEY = "values.yaml"
+SUMMARY_KEY = "summary.txt"
+
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def templates_dir() -> Path:
+    """`templates/` at the repository root, or $KATA_SIZING_TEMPLATES in an image."""
+    override = os.environ.get("KATA_SIZING_TEMPLATES")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "templates"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, Decimal):
+        return format_vcpus(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _yaml_block(text: str, indent: int) -> str:
+    """A literal block scalar (`|`) for readable multi-line strings; JSON otherwise."""
+    plain = all(ch in "\n\t" or ch.isprintable() for ch in text)
+    lines = text.split("\n")
+    if (
+        not text.strip()
+        or not plain
+        or text.lstrip("\n")[0] in " \t"
+        or text.endswith("\n\n")
+        or any(line != line.rstrip() for line in lines)
+    ):
+        return json.dumps(text)
+    chomp = "" if text.endswith("\n") else "-"
+    body = lines[:-1] if text.endswith("\n") else lines
+    pad = " " * indent
+    return f"|{chomp}\n" + "\n".join(pad + line if line else "" for line in body)
+
+
+@lru_cache(maxsize=4)
+def _environment(directory: str) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["toml"] = _toml_value
+    env.filters["yaml_block"] = _yaml_block
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+    return env
+
+
+def _render(template: str, **context) -> str:
+    return _environment(str(templates_dir())).get_template(template).render(**context)
+
+
+def _load(text: str) -> dict:
+    return yaml.load(text, Loader=_SafeLoader)
+
+
+@dataclass
+class Rendered:
+    sizing: PolicySizing
+    runtime_classes: list[dict]
+    configmaps: list[dict]
+    drop_ins: dict[str, str]
+    values_yaml: str
+    guidance: list[NodeGroupGuidance] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def creates_runtime_classes(self) -> bool:
+        return self.sizing.policy.spec.runtime_class.managed_by == "Operator"
+
+    def objects(self) -> list[dict]:
+        """What the operator applies (and `kata-sizing render` prints), in apply order."""
+        runtime_classes = self.runtime_classes if self.creates_runtime_classes else []
+        return [*self.configmaps, *runtime_classes]
+
+
+def owner_reference(policy: KataSizingPolicy) -> list[dict]:
+    if not policy.metadata.uid:
+        return []
+    return [{
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": policy.name,
+        "uid": policy.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }]
+
+
+def policy_labels(policy: KataSizingPolicy) -> dict[str, str]:
+    return {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: policy.name}
+
+
+def render_runtime_class(policy: KataSizingPolicy, sized: ClassSizing, owned: bool = True) -> str:
+    spec = policy.spec.runtime_class
+    return _render(
+        "runtimeclass.yaml.j2",
+        rc={"name": sized.runtime_class, "pod_fixed": sized.pod_fixed},
+        labels={**policy_labels(policy), CLASS_LABEL: sized.name},
+        annotations={},
+        owner_references=owner_reference(policy) if owned else [],
+        node_selector=dict(spec.node_selector),
+        tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations],
+    )
+
+
+def render_drop_in(sizing: PolicySizing, sized: ClassSizing) -> str:
+    spec = sizing.policy.spec
+    return _render(
+        "dropin.toml.j2",
+        policy=sizing.policy.name,
+        c=sized,
+        envelope_cpu=format_cpu(sized.envelope_cpu),
+        envelope_memory=format_mib(sized.envelope_memory_mib),
+        runtime=sizing.runtime.value,
+        hypervisor=sizing.hypervisor,
+        hugepages=spec.hugepages,
+        sandbox_cgroup_only=spec.sandbox_cgroup_only,
+    )
+
+
+def configmap(policy: KataSizingPolicy, name: str, data: dict[str, str]) -> dict:
+    return _load(_render(
+        "configmap.yaml.j2",
+        name=name,
+        namespace=policy.spec.output.namespace,
+        labels=policy_labels(policy),
+        owner_references=owner_reference(policy),
+        data=data,
+    ))
+
+
+def configmap_names(policy_name: str) -> dict[str, str]:
+    return {
+        "values": f"{policy_name}-kata-deploy-values",
+        "dropins": f"{policy_name}-dropins",
+        "guidance": f"{policy_name}-node-guidance",
+    }
+
+
+def render_policy(
+    policy: KataSizingPolicy,
+    nodes: list[NodeFacts] | None = None,
+    sizing: PolicySizing | None = None,
+) -> Rendered:
+    """All desired objects for a policy; `nodes` adds the node-guidance ConfigMap."""
+    sizing = sizing or size_policy(policy)
+    names = configmap_names(policy.name)
+    runtime_class_texts = {c.name: render_runtime_class(policy, c) for c in sizing.classes}
+    runtime_classes = [_load(text) for text in runtime_class_texts.values()]
+    drop_ins = {f"{c.name}.toml": render_drop_in(sizing, c) for c in sizing.classes}
+    values_yaml = _render(
+        "kata-deploy-values.yaml.j2",
+        policy=policy.name,
+        shim=policy.spec.shim,
+        runtimes=[
+            {
+                "name": c.runtime_class,
+                "drop_in": drop_ins[f"{c.name}.toml"],
+                # The chart creates this object itself, so no ownerReference in it.
+                "runtime_class_yaml": render_runtime_class(policy, c, owned=False),
+            }
+            for c in sizing.classes
+        ],
+    )
+    configmaps = [
+        configmap(policy, names["values"], {VALUES_KEY: values_yaml}),
+        configmap(policy, names["dropins"], drop_ins),
+    ]
+    guidance: list[NodeGroupGuidance] = []
+    problems = list(sizing.problems)
+    if nodes:
+        guidance, guidance_problems = node_guidance(sizing, nodes)
+        problems.extend(guidance_problems)
+        data = {g.key + ".yaml": render_guidance_document(policy.name, g) for g in guidance}
+        data[SUMMARY_KEY] = _render(
+            "node-guidance-summary.txt.j2",
+            policy=policy.name,
+            groups=guidance,
+            node_count=sum(len(g.nodes) for g in guidance),
+        )
+        configmaps.append(configmap(policy, names["guidance"], data))
+    return Rendered(sizing, runtime_classes, configmaps, drop_ins, values_yaml, guidance, problems)
+
+
+def render_guidance_document(policy_name: str, group: NodeGroupGuidance) -> str:
+    return _render("node-guidance.yaml.j2", policy=policy_name, g=group)
+
+
+def parse_yaml(text: str) -> object:
+    return _load(text)
