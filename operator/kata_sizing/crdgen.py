@@ -6,9 +6,10 @@
 The models' JSON schema is turned into a *structural* OpenAPI v3 schema, the form the
 API server requires of a CRD: `$ref`s inlined, every node typed, Optional expressed by
 leaving the field out of `required` instead of `anyOf: [X, null]`, int-or-string nodes
-carrying only `x-kubernetes-int-or-string`. What only the API server needs (CEL rules and
+carrying only `x-kubernetes-int-or-string`. What only the API server needs (CEL rules, and
 the list/string bounds that keep their cost estimate under the budget) is the small
-`_SERVER_RULES` table below; the models already enforce the same rules client-side.
+`_SERVER_RULES` table below; the models' validators enforce the same rules client-side,
+except the size bounds, which exist for the cost estimate.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ _KEY_ORDER = (
     "x-kubernetes-list-map-keys",
     "x-kubernetes-validations",
 )
-_VALUE_KEYS = {"pattern", "format", "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"}
+_VALUE_KEYS = {
+    "pattern", "format", "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"
+}
 # Everything else pydantic might emit (oneOf, uniqueItems, multipleOf, ...) stops generation
 # until someone decides how it maps.
 _INPUT_KEYS = set(_KEY_ORDER) | {"title", "const", "anyOf", "$defs"}
@@ -120,13 +123,18 @@ _SERVER_RULES: dict[str, dict[str, Any]] = {
 
 PRINTER_COLUMNS = [
     {"name": "Shim", "type": "string", "jsonPath": ".spec.shim"},
-    # Empty when the shim decides (runtime is Optional and has no schema default).
+    # Named after the field. Empty when the shim decides: runtime is Optional and has no
+    # schema default, since the default depends on the shim.
     {"name": "Runtime", "type": "string", "jsonPath": ".spec.runtime"},
     # The API server prints only the first match of a JSONPath, so neither the class list nor
     # its length can be shown. The last class is the largest (envelopes strictly increase);
     # its RuntimeClass name shows the prefix, and it appears once the operator has sized them.
     {"name": "Largest", "type": "string", "jsonPath": ".status.classes[-1:].runtimeClass"},
-    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -326,8 +334,12 @@ def check(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kata_sizing.crdgen", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", metavar="PATH", type=Path, help="exit 1 if PATH differs from the generated CRD")
+    parser = argparse.ArgumentParser(
+        prog="python -m kata_sizing.crdgen", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--check", metavar="PATH", type=Path, help="exit 1 if PATH differs from the generated CRD"
+    )
     args = parser.parse_args(argv)
     if args.check is not None:
         return check(args.check)
