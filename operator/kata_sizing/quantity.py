@@ -13,6 +13,9 @@ import re
 from decimal import Decimal, InvalidOperation
 
 MIB = 1024 * 1024
+# k8s.io/apimachinery resource.Quantity: "no quantity may represent a number greater than
+# 2^63-1 in magnitude". Past it, Decimal overflows and ints grow too long to print.
+MAX_QUANTITY = Decimal(2**63 - 1)
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -41,14 +44,23 @@ def parse_quantity(text: str | int | float | Decimal) -> Decimal:
     """The exact value of a Kubernetes quantity in its base unit (bytes or cores)."""
     if isinstance(text, bool):
         raise QuantityError(f"{text!r} is not a quantity")
-    if isinstance(text, (int, Decimal)):
-        return Decimal(text)
-    if isinstance(text, float):
-        if not math.isfinite(text):
-            raise QuantityError(f"{text!r} is not a quantity")
-        return Decimal(repr(text))
-    if not isinstance(text, str):
+    if isinstance(text, float) and not math.isfinite(text):
         raise QuantityError(f"{text!r} is not a quantity")
+    if not isinstance(text, (str, int, float, Decimal)):
+        raise QuantityError(f"{text!r} is not a quantity")
+    try:
+        if isinstance(text, str):
+            value = _parse_text(text)
+        else:
+            value = Decimal(repr(text)) if isinstance(text, float) else Decimal(text)
+    except ArithmeticError:
+        value = None
+    if value is None or not value.is_finite() or abs(value) > MAX_QUANTITY:
+        raise QuantityError(f"{text!r} is out of range: a Kubernetes quantity is at most 2^63-1")
+    return value
+
+
+def _parse_text(text: str) -> Decimal:
     match = _QUANTITY.match(text.strip())
     if not match:
         raise QuantityError(
