@@ -390,7 +390,8 @@ class KataSizingPolicyStatus(_Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     classes: list[ClassStatus] = Field(default_factory=list)
-    drift_corrections: int = 0
+    drift_corrections: int = Field(default=0, description="Hand edits put back (driftPolicy Correct).")
+    drift_detected: int = Field(default=0, description="Hand edits reported, not corrected (driftPolicy Report).")
     warnings: list[str] = Field(default_factory=list)
 
 

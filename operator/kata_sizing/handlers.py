@@ -1,0 +1,155 @@
+"""Every kopf decorator of the operator, in one place; the logic lives in `reconcile`.
+
+`build_registry()` returns a fresh registry so tests run each operator with its own; the
+`operator` subcommand runs kopf with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+
+import kopf
+
+from . import reconcile as rc
+from .kube import ApiError, KubeApi, PermanentApiError, TransientApiError
+from .model import GROUP, PLURAL, VERSION
+from .render import MANAGED_BY, MANAGED_BY_LABEL
+
+log = logging.getLogger("kata_sizing")
+
+# A resync re-reads every managed object and writes nothing when all is in sync; it catches
+# what a watch may have missed (and retries conflicts that cleared up). Seconds.
+RESYNC_INTERVAL_S = float(os.environ.get("KATA_SIZING_RESYNC_SECONDS", "300"))
+TRANSIENT_BACKOFF_S = (0.2, 0.5, 1, 2, 5, 10, 30)
+DRIFT_RETRIES = 4
+ANNOTATION_PREFIX = "katasizing.dev"
+FINALIZER = "katasizing.dev/cleanup"
+MANAGED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def _event_sink(ref: dict, type_: str, reason: str, message: str) -> None:
+    # Events carry at most 1 KiB of message in practice; the full text is in status.
+    kopf.event(ref, type=type_, reason=reason, message=message[:1000])
+
+
+def _plain(body: kopf.Body) -> dict:
+    return copy.deepcopy(dict(body))
+
+
+async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+    # Progress and diff-base in annotations: the CRD's structural schema would prune status.kopf.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = FINALIZER
+    # ConfigMaps are many in a real cluster: let the API server filter them for the watch.
+    settings.watching.label_selectors["", "v1", "configmaps"] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    settings.posting.level = logging.INFO
+    memo.api = await KubeApi.connect()
+    memo.cache = rc.DesiredCache()
+    memo.locks = {}
+
+
+async def on_cleanup(memo: kopf.Memo, **_) -> None:
+    api = getattr(memo, "api", None)
+    if api is not None:
+        await api.close()
+
+
+def _lock(memo: kopf.Memo, name: str) -> asyncio.Lock:
+    return memo.locks.setdefault(name, asyncio.Lock())
+
+
+async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int) -> None:
+    name = body["metadata"]["name"]
+    async with _lock(memo, name):
+        try:
+            await rc.reconcile(memo.api, _plain(body), trigger, memo.cache, _event_sink)
+        except (TransientApiError, rc.Conflict) as exc:
+            delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
+            raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
+        except PermanentApiError as exc:
+            raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
+
+
+async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    await _reconcile(memo, body, "apply", retry)
+
+
+async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    await _reconcile(memo, body, "resync", retry)
+
+
+async def resync_policy(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    try:
+        await _reconcile(memo, body, "resync", retry=0)
+    except kopf.TemporaryError as exc:
+        log.warning("resync of %s failed: %s", body["metadata"]["name"], exc)
+
+
+async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    name = body["metadata"]["name"]
+    async with _lock(memo, name):
+        try:
+            removed = await rc.delete_children(memo.api, _plain(body), memo.cache)
+        except ApiError as exc:
+            delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
+            raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
+    memo.locks.pop(name, None)
+    if removed:
+        log.info("policy %s deleted; removed %s", name, ", ".join(removed))
+
+
+async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, resource: kopf.Resource, **_) -> None:
+    """A managed RuntimeClass or ConfigMap changed or vanished: drift."""
+    obj = copy.deepcopy(dict(event["object"]))
+    obj["kind"] = resource.kind
+    key = rc.obj_key(obj)
+    desired = memo.cache.for_child(key)
+    if desired is None:
+        return
+    async def count(policy: str, field_name: str) -> None:
+        await rc.increment_counter(memo.api, policy, field_name)
+
+    for attempt in range(DRIFT_RETRIES):
+        try:
+            async with _lock(memo, desired.policy_name):
+                message = await rc.handle_child_event(
+                    memo.api, memo.cache, event.get("type"), obj, _event_sink, count
+                )
+            if message:
+                log.info("%s", message)
+            return
+        except (TransientApiError, rc.Conflict) as exc:
+            log.warning("drift handling of %s failed (%s); retrying", rc.describe(key), exc)
+            await asyncio.sleep(TRANSIENT_BACKOFF_S[attempt])
+    log.error("drift of %s not handled; the next resync will", rc.describe(key))
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    policies = (GROUP, VERSION, PLURAL)
+    # kopf's own logins, like kubectl: the service account in a pod, else KUBECONFIG/~/.kube/config.
+    kopf.on.login(registry=registry, id="service-account")(kopf.login_with_service_account)
+    kopf.on.login(registry=registry, id="kubeconfig")(kopf.login_with_kubeconfig)
+    kopf.on.startup(registry=registry)(on_startup)
+    kopf.on.cleanup(registry=registry)(on_cleanup)
+    kopf.on.create(*policies, registry=registry, id="apply")(apply_policy)
+    kopf.on.update(*policies, registry=registry, id="apply", field="spec")(apply_policy)
+    kopf.on.resume(*policies, registry=registry, id="resume")(resume_policy)
+    kopf.timer(
+        *policies, registry=registry, id="resync", interval=RESYNC_INTERVAL_S,
+        initial_delay=RESYNC_INTERVAL_S, idle=None,
+    )(resync_policy)
+    kopf.on.delete(*policies, registry=registry, id="cleanup")(delete_policy)
+    kopf.on.event("node.k8s.io", "v1", "runtimeclasses", registry=registry, labels=MANAGED_LABELS,
+                  id="runtimeclass-drift")(child_changed)
+    kopf.on.event("", "v1", "configmaps", registry=registry, labels=MANAGED_LABELS,
+                  id="configmap-drift")(child_changed)
+    return registry

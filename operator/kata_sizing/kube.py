@@ -1,0 +1,220 @@
+"""The one module that talks to the Kubernetes API (the `kubernetes` asyncio client).
+
+Everything returns and takes plain dicts in the API's own JSON shape, so the rest of the
+operator never sees the client's models. Errors come out as three kinds: NotFound,
+Conflict (409: re-read and retry) and TransientApiError (5xx, 429, timeouts, broken
+connections: back off and retry). Anything else is a PermanentApiError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from kubernetes.aio import client, config
+from kubernetes.aio.client.exceptions import ApiException
+
+from .model import GROUP, PLURAL, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+REQUEST_TIMEOUT_S = 30
+FIELD_MANAGER = "kata-sizing"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int | None, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Conflict(ApiError):
+    """409 (stale resourceVersion, or the object already exists) or 422 on a failed test."""
+
+
+class Invalid(ApiError):
+    """422: the server refused the object (for example a changed immutable field)."""
+
+
+class TransientApiError(ApiError):
+    """Worth retrying after a back-off: 5xx, 429, timeouts, dropped connections."""
+
+
+class PermanentApiError(ApiError):
+    pass
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+        return body.get("message") or exc.reason or str(exc.status)
+    except (ValueError, AttributeError):
+        return f"{exc.status} {exc.reason}"
+
+
+def _translate(exc: BaseException, what: str) -> ApiError:
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        text = f"{what}: {_message(exc)}"
+        if status == 404:
+            return NotFound(status, text)
+        if status == 409:
+            return Conflict(status, text)
+        if status == 422:
+            return Invalid(status, text)
+        if status == 429 or status >= 500:
+            return TransientApiError(status, text)
+        return PermanentApiError(status, text)
+    return TransientApiError(None, f"{what}: {type(exc).__name__}: {exc}")
+
+
+_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+@dataclass
+class KubeApi:
+    api_client: client.ApiClient
+
+    @classmethod
+    async def connect(cls) -> "KubeApi":
+        """Connect the way kubectl does: in-cluster service account, else KUBECONFIG/~/.kube/config."""
+        configuration = client.Configuration()
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and Path(
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        ).exists():
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            # The client caches ~/.kube/config's location at import; KUBECONFIG is read now.
+            await config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+            )
+        return cls(client.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    @property
+    def _core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api_client)
+
+    @property
+    def _node(self) -> client.NodeV1Api:
+        return client.NodeV1Api(self.api_client)
+
+    @property
+    def _custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api_client)
+
+    def _plain(self, obj: object) -> dict:
+        return self.api_client.sanitize_for_serialization(obj)
+
+    async def _call(self, what: str, call, *args, **kwargs):
+        try:
+            return await call(*args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+        except ApiException as exc:
+            raise _translate(exc, what) from None
+        except _NETWORK_ERRORS as exc:
+            raise _translate(exc, what) from None
+
+    # --- RuntimeClasses (cluster-scoped) ---
+
+    async def list_runtime_classes(self, label_selector: str | None = None) -> list[dict]:
+        result = await self._call(
+            "list RuntimeClasses", self._node.list_runtime_class, label_selector=label_selector
+        )
+        return [self._plain(item) for item in result.items]
+
+    async def read_runtime_class(self, name: str) -> dict | None:
+        try:
+            return self._plain(await self._call(f"read RuntimeClass {name}", self._node.read_runtime_class, name))
+        except NotFound:
+            return None
+
+    async def create_runtime_class(self, body: dict) -> dict:
+        name = body["metadata"]["name"]
+        return self._plain(await self._call(
+            f"create RuntimeClass {name}", self._node.create_runtime_class, body, field_manager=FIELD_MANAGER
+        ))
+
+    async def replace_runtime_class(self, body: dict) -> dict:
+        """PUT with the body's resourceVersion: a stale one is a Conflict, never a lost edit."""
+        name = body["metadata"]["name"]
+        return self._plain(await self._call(
+            f"replace RuntimeClass {name}", self._node.replace_runtime_class, name, body,
+            field_manager=FIELD_MANAGER,
+        ))
+
+    async def delete_runtime_class(self, name: str, uid: str | None = None) -> None:
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            await self._call(f"delete RuntimeClass {name}", self._node.delete_runtime_class, name, body=body)
+        except NotFound:
+            pass
+
+    # --- ConfigMaps ---
+
+    async def list_config_maps(self, label_selector: str | None = None) -> list[dict]:
+        result = await self._call(
+            "list ConfigMaps", self._core.list_config_map_for_all_namespaces, label_selector=label_selector
+        )
+        return [self._plain(item) for item in result.items]
+
+    async def read_config_map(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._plain(await self._call(
+                f"read ConfigMap {namespace}/{name}", self._core.read_namespaced_config_map, name, namespace
+            ))
+        except NotFound:
+            return None
+
+    async def create_config_map(self, body: dict) -> dict:
+        meta = body["metadata"]
+        return self._plain(await self._call(
+            f"create ConfigMap {meta['namespace']}/{meta['name']}",
+            self._core.create_namespaced_config_map, meta["namespace"], body, field_manager=FIELD_MANAGER,
+        ))
+
+    async def replace_config_map(self, body: dict) -> dict:
+        meta = body["metadata"]
+        return self._plain(await self._call(
+            f"replace ConfigMap {meta['namespace']}/{meta['name']}",
+            self._core.replace_namespaced_config_map, meta["name"], meta["namespace"], body,
+            field_manager=FIELD_MANAGER,
+        ))
+
+    async def delete_config_map(self, namespace: str, name: str, uid: str | None = None) -> None:
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            await self._call(
+                f"delete ConfigMap {namespace}/{name}", self._core.delete_namespaced_config_map,
+                name, namespace, body=body,
+            )
+        except NotFound:
+            pass
+
+    # --- KataSizingPolicy ---
+
+    async def read_policy(self, name: str) -> dict | None:
+        try:
+            return await self._call(
+                f"read KataSizingPolicy {name}", self._custom.get_cluster_custom_object,
+                GROUP, VERSION, PLURAL, name,
+            )
+        except NotFound:
+            return None
+
+    async def patch_policy_status(self, name: str, patch: dict | list) -> dict:
+        """A merge patch (dict) or a JSON patch (list, which may carry `test` operations)."""
+        return await self._call(
+            f"patch KataSizingPolicy {name} status", self._custom.patch_cluster_custom_object_status,
+            GROUP, VERSION, PLURAL, name, patch,
+            _content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH,
+        )

@@ -1,0 +1,567 @@
+"""Reconciliation as plain async functions: read, call the core, diff, write the difference.
+
+No kopf here: the handlers module calls these with a `KubeApi` (or a fake in tests) and an
+event sink. The desired state of every policy is kept in a `DesiredCache`, which is also the
+index from a managed child object back to its policy for drift handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Literal, Protocol
+
+from . import conditions as cond
+from .kube import Conflict, Invalid, NotFound
+from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
+from .quantity import QuantityError, parse_quantity
+from .render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, render_policy
+from .sizing import PolicySizing, Severity, size_policy
+
+log = logging.getLogger("kata_sizing")
+
+Trigger = Literal["apply", "resync"]
+ObjKey = tuple[str, str | None, str]  # (kind, namespace, name)
+
+CONFLICT_RETRIES = 5
+
+
+class EventSink(Protocol):
+    def __call__(self, policy_ref: dict, type_: str, reason: str, message: str) -> None: ...
+
+
+def obj_key(obj: dict) -> ObjKey:
+    meta = obj.get("metadata") or {}
+    return (obj.get("kind") or "", meta.get("namespace"), meta.get("name") or "")
+
+
+def describe(key: ObjKey) -> str:
+    kind, namespace, name = key
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+def policy_ref(body: dict) -> dict:
+    meta = body.get("metadata") or {}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": meta.get("name"), "uid": meta.get("uid")}}
+
+
+# --- comparing desired and live ---------------------------------------------------------
+
+
+def _same_quantity(a: object, b: object) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)  # the API server may print 1Gi for 1024Mi
+    except QuantityError:
+        return a == b
+
+
+def _pod_fixed_equal(desired: dict | None, live: dict | None) -> bool:
+    desired = (desired or {}).get("podFixed") or {}
+    live = (live or {}).get("podFixed") or {}
+    if set(desired) != set(live):
+        return False
+    return all(_same_quantity(desired[k], live[k]) for k in desired)
+
+
+def _scheduling_view(scheduling: dict | None) -> tuple:
+    scheduling = scheduling or {}
+    tolerations = [
+        {k: v for k, v in t.items() if v is not None} for t in scheduling.get("tolerations") or []
+    ]
+    return (scheduling.get("nodeSelector") or {}, tolerations)
+
+
+def differences(desired: dict, live: dict) -> list[str]:
+    """The managed fields where `live` differs from `desired`; fields others own are ignored."""
+    found = []
+    d_meta, l_meta = desired["metadata"], live.get("metadata") or {}
+    live_labels = l_meta.get("labels") or {}
+    for label, value in (d_meta.get("labels") or {}).items():
+        if live_labels.get(label) != value:
+            found.append(f"metadata.labels[{label}]")
+    live_owner_uids = {o.get("uid") for o in l_meta.get("ownerReferences") or []}
+    for owner in d_meta.get("ownerReferences") or []:
+        if owner["uid"] not in live_owner_uids:
+            found.append("metadata.ownerReferences")
+    if desired["kind"] == "RuntimeClass":
+        if desired.get("handler") != live.get("handler"):
+            found.append("handler")
+        if not _pod_fixed_equal(desired.get("overhead"), live.get("overhead")):
+            found.append("overhead.podFixed")
+        if _scheduling_view(desired.get("scheduling")) != _scheduling_view(live.get("scheduling")):
+            found.append("scheduling")
+    else:
+        if (desired.get("data") or {}) != (live.get("data") or {}):
+            changed = sorted(
+                k for k in set(desired.get("data") or {}) | set(live.get("data") or {})
+                if (desired.get("data") or {}).get(k) != (live.get("data") or {}).get(k)
+            )
+            found.append("data[" + ", ".join(changed) + "]")
+    return found
+
+
+def corrected(desired: dict, live: dict) -> dict:
+    """`live` with our fields put back; labels, annotations and owners of others are kept."""
+    body = copy.deepcopy(live)
+    meta = body.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **(desired["metadata"].get("labels") or {})}
+    owners = [o for o in meta.get("ownerReferences") or []]
+    owner_uids = {o.get("uid") for o in owners}
+    for owner in desired["metadata"].get("ownerReferences") or []:
+        if owner["uid"] not in owner_uids:
+            owners.append(owner)
+    if owners:
+        meta["ownerReferences"] = owners
+    if desired["kind"] == "RuntimeClass":
+        body["overhead"] = copy.deepcopy(desired.get("overhead"))
+        body["scheduling"] = copy.deepcopy(desired.get("scheduling"))
+    else:
+        body["data"] = copy.deepcopy(desired.get("data") or {})
+    return body
+
+
+def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
+    meta = live.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(POLICY_LABEL) == policy_name:
+        return True
+    return bool(policy_uid) and any(o.get("uid") == policy_uid for o in meta.get("ownerReferences") or [])
+
+
+# --- the desired-state cache (also the child -> policy index) ----------------------------
+
+
+@dataclass
+class Desired:
+    policy_name: str
+    policy_uid: str | None
+    generation: int | None
+    drift_policy: str
+    ref: dict
+    # Objects the operator creates and owns.
+    owned: dict[ObjKey, dict]
+    # KataDeploy mode: RuntimeClasses the chart creates; the operator guards their fields.
+    guarded: dict[ObjKey, dict]
+    sizing: PolicySizing | None = None
+    rendered: Rendered | None = None
+
+    def lookup(self, key: ObjKey) -> tuple[dict, bool] | None:
+        if key in self.owned:
+            return self.owned[key], True
+        if key in self.guarded:
+            return self.guarded[key], False
+        return None
+
+
+@dataclass
+class DesiredCache:
+    by_policy: dict[str, Desired] = field(default_factory=dict)
+    by_child: dict[ObjKey, str] = field(default_factory=dict)
+    # Drift already reported in Report mode: (key, resourceVersion), so it is said once.
+    reported: set[tuple[ObjKey, str]] = field(default_factory=set)
+
+    def put(self, desired: Desired) -> None:
+        self.drop(desired.policy_name)
+        self.by_policy[desired.policy_name] = desired
+        for key in [*desired.owned, *desired.guarded]:
+            self.by_child[key] = desired.policy_name
+
+    def drop(self, policy_name: str) -> Desired | None:
+        old = self.by_policy.pop(policy_name, None)
+        if old:
+            for key in [*old.owned, *old.guarded]:
+                if self.by_child.get(key) == policy_name:
+                    del self.by_child[key]
+        return old
+
+    def for_child(self, key: ObjKey) -> Desired | None:
+        name = self.by_child.get(key)
+        return self.by_policy.get(name) if name else None
+
+
+def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> Desired:
+    runtime_classes = {obj_key(o): o for o in rendered.runtime_classes}
+    owned = {obj_key(o): o for o in rendered.configmaps}
+    guarded: dict[ObjKey, dict] = {}
+    if rendered.creates_runtime_classes:
+        owned.update(runtime_classes)
+    else:
+        guarded = runtime_classes
+    return Desired(
+        policy_name=policy.name,
+        policy_uid=policy.metadata.uid,
+        generation=policy.metadata.generation,
+        drift_policy=policy.spec.drift_policy,
+        ref=policy_ref(body),
+        owned=owned,
+        guarded=guarded,
+        sizing=rendered.sizing,
+        rendered=rendered,
+    )
+
+
+# --- one pass -----------------------------------------------------------------------------
+
+
+@dataclass
+class PassResult:
+    writes: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    drifted: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+async def _write_with_retry(
+    api, key: ObjKey, desired: dict, live: dict | None, create: bool = True
+) -> str | None:
+    """Create or replace one object; a 409 re-reads and retries. Returns what was done."""
+    kind, namespace, name = key
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            if live is None:
+                if not create:
+                    return None
+                if kind == "RuntimeClass":
+                    await api.create_runtime_class(desired)
+                else:
+                    await api.create_config_map(desired)
+                return f"created {describe(key)}"
+            body = corrected(desired, live)
+            if kind == "RuntimeClass":
+                await api.replace_runtime_class(body)
+            else:
+                await api.replace_config_map(body)
+            return f"updated {describe(key)}"
+        except Conflict:
+            live = await _read(api, key)
+        except NotFound:
+            live = None
+    raise Conflict(409, f"{describe(key)}: still conflicting after {CONFLICT_RETRIES} attempts")
+
+
+async def _read(api, key: ObjKey) -> dict | None:
+    kind, namespace, name = key
+    if kind == "RuntimeClass":
+        return await api.read_runtime_class(name)
+    return await api.read_config_map(namespace, name)
+
+
+async def _delete(api, key: ObjKey, uid: str | None) -> None:
+    kind, namespace, name = key
+    if kind == "RuntimeClass":
+        await api.delete_runtime_class(name, uid)
+    else:
+        await api.delete_config_map(namespace, name, uid)
+
+
+async def _live_children(api, policy_name: str) -> dict[ObjKey, dict]:
+    selector = f"{MANAGED_BY_LABEL}={MANAGED_BY},{POLICY_LABEL}={policy_name}"
+    runtime_classes, config_maps = await asyncio.gather(
+        api.list_runtime_classes(selector), api.list_config_maps(selector)
+    )
+    live = {}
+    for obj in runtime_classes:
+        live[("RuntimeClass", None, obj["metadata"]["name"])] = {**obj, "kind": "RuntimeClass"}
+    for obj in config_maps:
+        meta = obj["metadata"]
+        live[("ConfigMap", meta.get("namespace"), meta["name"])] = {**obj, "kind": "ConfigMap"}
+    return live
+
+
+async def apply_desired(api, desired: Desired, trigger: Trigger, cache: DesiredCache, sink: EventSink) -> PassResult:
+    result = PassResult()
+    live = await _live_children(api, desired.policy_name)
+    write_drift = trigger == "apply" or desired.drift_policy == "Correct"
+
+    for key, want in desired.owned.items():
+        have = live.get(key)
+        if have is None:
+            # Not labelled as ours, but the name may be taken by somebody else's object.
+            have = await _read(api, key)
+            if have is not None:
+                if not is_ours(have, desired.policy_name, desired.policy_uid):
+                    result.conflicts.append(
+                        f"{describe(key)} exists and is not managed by this policy; left untouched"
+                    )
+                    continue
+                live[key] = have
+        if have is not None and key[0] == "RuntimeClass" and have.get("handler") != want.get("handler"):
+            # RuntimeClass.handler is immutable: delete and create.
+            await api.delete_runtime_class(key[2], (have.get("metadata") or {}).get("uid"))
+            await api.create_runtime_class(want)
+            result.writes.append(f"re-created {describe(key)} (handler changed)")
+            continue
+        diff = differences(want, have) if have is not None else ["(missing)"]
+        if not diff:
+            continue
+        if not write_drift:
+            result.drifted.append(f"{describe(key)}: {', '.join(diff)}")
+            _report_once(cache, sink, desired, key, have, diff)
+            continue
+        done = await _write_with_retry(api, key, want, have)
+        if done:
+            result.writes.append(done)
+
+    for key, want in desired.guarded.items():
+        have = live.get(key) or await _read(api, key)
+        if have is None:
+            result.missing.append(key[2])
+            continue
+        if not is_ours(have, desired.policy_name, desired.policy_uid):
+            result.conflicts.append(f"{describe(key)} is not labelled for this policy; left untouched")
+            continue
+        diff = [d for d in differences(want, have) if d != "handler"]
+        if have.get("handler") != want.get("handler"):
+            result.drifted.append(f"{describe(key)}: handler {have.get('handler')!r} (immutable; fix the chart)")
+        if diff and write_drift:
+            done = await _write_with_retry(api, key, want, have, create=False)
+            if done:
+                result.writes.append(done)
+        elif diff:
+            result.drifted.append(f"{describe(key)}: {', '.join(diff)}")
+            _report_once(cache, sink, desired, key, have, diff)
+
+    wanted = set(desired.owned) | set(desired.guarded)
+    for key, have in live.items():
+        if key in wanted:
+            continue
+        if key[0] == "RuntimeClass" and key not in desired.owned and desired.guarded:
+            continue  # the chart's object (KataDeploy mode): never deleted by the operator
+        await _delete(api, key, (have.get("metadata") or {}).get("uid"))
+        result.writes.append(f"deleted {describe(key)} (no longer in the policy)")
+    return result
+
+
+def _report_once(cache: DesiredCache, sink: EventSink, desired: Desired, key: ObjKey, have: dict | None, diff: list[str]) -> None:
+    version = ((have or {}).get("metadata") or {}).get("resourceVersion") or "missing"
+    if (key, version) in cache.reported:
+        return
+    cache.reported.add((key, version))
+    sink(desired.ref, "Warning", cond.EVENT_DRIFT_DETECTED,
+         f"{describe(key)} differs from the policy ({', '.join(diff)}); driftPolicy is Report, not corrected")
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def class_status(sizing: PolicySizing) -> list[dict]:
+    from .quantity import format_mib, format_vcpus
+
+    rows = []
+    for c in sizing.classes:
+        row = {
+            "name": c.name,
+            "runtimeClass": c.runtime_class,
+            "podFixed": c.pod_fixed,
+            "defaultVcpus": c.default_vcpus,
+            "defaultMemory": format_mib(c.default_memory_mib),
+            "largestVm": {"vcpus": c.largest_vm.vcpus, "memoryMiB": c.largest_vm.memory_mib},
+        }
+        if c.overhead_vcpus is not None:
+            row["overheadVcpus"] = format_vcpus(c.overhead_vcpus)
+            row["overheadMemory"] = format_mib(c.overhead_memory_mib)
+        rows.append(row)
+    return rows
+
+
+OWNED_STATUS_FIELDS = ("observedGeneration", "conditions", "classes", "warnings")
+
+
+def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) -> dict:
+    meta = body.get("metadata") or {}
+    generation = meta.get("generation")
+    previous = body.get("status") or {}
+    valid = not result.invalid
+    current = []
+    if valid:
+        current.append(cond.condition(
+            cond.VALID, True, cond.REASON_VALID,
+            "; ".join(result.warnings) or "all sizing rules hold", generation))
+    else:
+        current.append(cond.condition(cond.VALID, False, cond.REASON_INVALID, "; ".join(result.invalid), generation))
+    current.append(cond.condition(
+        cond.CONFLICT, bool(result.conflicts),
+        cond.REASON_CONFLICT if result.conflicts else cond.REASON_NO_CONFLICT,
+        "; ".join(result.conflicts), generation))
+    if not valid:
+        in_sync = cond.condition(
+            cond.IN_SYNC, False, cond.REASON_NOT_APPLIED,
+            "this generation is invalid; the objects of the last valid generation are kept as they were",
+            generation)
+    elif result.conflicts:
+        in_sync = cond.condition(cond.IN_SYNC, False, cond.REASON_CONFLICT, "; ".join(result.conflicts), generation)
+    elif result.missing:
+        in_sync = cond.condition(
+            cond.IN_SYNC, False, cond.REASON_RUNTIME_CLASS_MISSING,
+            "kata-deploy has not created RuntimeClass " + ", ".join(result.missing)
+            + " (apply the values overlay with helm)", generation)
+    elif result.drifted:
+        in_sync = cond.condition(cond.IN_SYNC, False, cond.REASON_DRIFT_REPORTED, "; ".join(result.drifted), generation)
+    else:
+        in_sync = cond.condition(cond.IN_SYNC, True, cond.REASON_IN_SYNC, "every managed object matches the policy", generation)
+    current.append(in_sync)
+    ready = valid and in_sync["status"] == "True"
+    current.append(cond.condition(
+        cond.READY, ready, in_sync["reason"] if valid else cond.REASON_INVALID,
+        "" if ready else (in_sync["message"] if valid else "the policy is invalid"), generation))
+    status = {
+        "observedGeneration": generation,
+        "conditions": cond.merge_conditions(previous.get("conditions"), current, cond.now_rfc3339()),
+        "classes": class_status(sizing) if sizing is not None else previous.get("classes") or [],
+        "warnings": result.warnings,
+    }
+    return status
+
+
+def status_changed(body: dict, status: dict) -> bool:
+    previous = body.get("status") or {}
+    return any(previous.get(k) != status.get(k) for k in OWNED_STATUS_FIELDS)
+
+
+# --- the entry points the handlers call ------------------------------------------------------
+
+
+async def reconcile(api, body: dict, trigger: Trigger, cache: DesiredCache, sink: EventSink) -> PassResult:
+    """One pass for one policy: validate, render, apply the difference, write status if changed."""
+    name = (body.get("metadata") or {}).get("name")
+    ref = policy_ref(body)
+    result = PassResult()
+    sizing = None
+    try:
+        policy = parse_policy(body)
+        sizing = size_policy(policy)
+        result.invalid = [str(p) for p in sizing.errors]
+        result.warnings = [str(p) for p in sizing.warnings]
+    except PolicyError as exc:
+        result.invalid = list(exc.problems)
+
+    if result.invalid:
+        # Nothing is written: the objects of the last valid generation stay exactly as they were.
+        previous_valid = (body.get("status") or {}).get("conditions") or []
+        already_said = any(
+            c.get("type") == cond.VALID and c.get("status") == "False"
+            and c.get("observedGeneration") == (body.get("metadata") or {}).get("generation")
+            for c in previous_valid
+        )
+        if not already_said:
+            sink(ref, "Warning", cond.EVENT_INVALID, "; ".join(result.invalid))
+        await _write_status(api, name, body, compute_status(body, result, None))
+        return result
+
+    rendered = render_policy(policy, sizing=sizing)
+    desired = build_desired(policy, rendered, body)
+    cache.put(desired)  # before writing, so our own writes never look like drift
+    applied = await apply_desired(api, desired, trigger, cache, sink)
+    applied.warnings = result.warnings
+    if applied.writes:
+        sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
+    if applied.conflicts:
+        sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))
+    await _write_status(api, name, body, compute_status(body, applied, sizing))
+    return applied
+
+
+async def _write_status(api, name: str, body: dict, status: dict) -> None:
+    if status_changed(body, status):
+        try:
+            await api.patch_policy_status(name, {"status": status})
+        except NotFound:
+            pass  # the policy is gone; nothing to report on
+
+
+async def delete_children(api, body: dict, cache: DesiredCache) -> list[str]:
+    """On policy deletion: remove what the operator created, nothing else."""
+    meta = body.get("metadata") or {}
+    name, uid = meta.get("name"), meta.get("uid")
+    desired = cache.drop(name)
+    live = await _live_children(api, name)
+    chart_owned = bool(desired and desired.guarded) or (
+        ((body.get("spec") or {}).get("runtimeClass") or {}).get("managedBy") == "KataDeploy"
+    )
+    removed = []
+    for key, have in live.items():
+        if not is_ours(have, name, uid):
+            continue
+        if key[0] == "RuntimeClass" and chart_owned:
+            continue
+        await _delete(api, key, (have.get("metadata") or {}).get("uid"))
+        removed.append(describe(key))
+    return removed
+
+
+async def handle_child_event(
+    api, cache: DesiredCache, event_type: str | None, obj: dict, sink: EventSink,
+    count_drift: Callable[[str, str], Awaitable[None]],
+) -> str | None:
+    """A watched RuntimeClass or ConfigMap changed: put it back (Correct) or report (Report)."""
+    key = obj_key(obj)
+    desired = cache.for_child(key)
+    if desired is None:
+        return None
+    found = desired.lookup(key)
+    if found is None:
+        return None
+    want, owned = found
+    deleted = event_type == "DELETED"
+    if deleted:
+        have = await _read(api, key)  # the watch may lag; trust the API
+        if have is not None and not differences(want, have):
+            return None
+        diff = ["(deleted)"] if have is None else differences(want, have)
+    else:
+        have = obj
+        diff = differences(want, have)
+        if not diff:
+            return None
+        if not is_ours(have, desired.policy_name, desired.policy_uid) and "metadata.labels" not in " ".join(diff):
+            return None
+    if key[0] == "RuntimeClass" and have is not None and have.get("handler") != want.get("handler"):
+        if owned and desired.drift_policy == "Correct":
+            await api.delete_runtime_class(key[2], (have.get("metadata") or {}).get("uid"))
+            await api.create_runtime_class(want)
+            message = f"{describe(key)}: handler changed by hand; re-created"
+            sink(desired.ref, "Normal", cond.EVENT_DRIFT_CORRECTED, message)
+            await count_drift(desired.policy_name, "driftCorrections")
+            return message
+    if desired.drift_policy == "Report" or (have is None and not owned):
+        _report_once(cache, sink, desired, key, have, diff)
+        await count_drift(desired.policy_name, "driftDetected")
+        return f"reported {describe(key)}: {', '.join(diff)}"
+    done = await _write_with_retry(api, key, want, have, create=owned)
+    if done is None:
+        return None
+    message = f"{describe(key)} was changed by hand ({', '.join(diff)}); {done.split(' ')[0]} from the policy"
+    sink(desired.ref, "Normal", cond.EVENT_DRIFT_CORRECTED, message)
+    await count_drift(desired.policy_name, "driftCorrections")
+    return message
+
+
+async def increment_counter(api, policy_name: str, field_name: str) -> None:
+    """status.<field> += 1 without losing a concurrent increment: JSON patch with a test."""
+    for _ in range(CONFLICT_RETRIES):
+        body = await api.read_policy(policy_name)
+        if body is None:
+            return
+        current = (body.get("status") or {}).get(field_name)
+        if current is None:
+            ops = [{"op": "add", "path": f"/status/{field_name}", "value": 1}]
+            if body.get("status") is None:
+                ops = [{"op": "add", "path": "/status", "value": {field_name: 1}}]
+            else:
+                ops.insert(0, {"op": "test", "path": "/status", "value": body["status"]})
+        else:
+            ops = [
+                {"op": "test", "path": f"/status/{field_name}", "value": current},
+                {"op": "replace", "path": f"/status/{field_name}", "value": current + 1},
+            ]
+        try:
+            await api.patch_policy_status(policy_name, ops)
+            return
+        except (Conflict, Invalid):
+            continue
+        except NotFound:
+            return
