@@ -27,9 +27,10 @@ class NodeFacts:
     infra_pod_memory_bytes: int | None = None
 
     def group_key(self) -> tuple:
+        # Infra requests differ from node to node; they are not part of a group's identity.
         return (
             self.capacity_memory_bytes, self.capacity_cpu, self.allocatable_memory_bytes,
-            self.allocatable_cpu, self.infra_pod_memory_bytes,
+            self.allocatable_cpu,
         )
 
 
@@ -56,6 +57,7 @@ class NodeGroupGuidance:
     allocatable_memory: str
     observed_allocatable_memory: str | None
     infra_pod_memory: str
+    infra_pod_memory_by_node: dict[str, str]
     shm_applies: bool
     shm_size: str | None
     shm_size_bytes: int | None
@@ -126,7 +128,10 @@ def node_guidance(
                 f"but the policy's reservations give {format_memory(allocatable)}: the kubelet is "
                 "not configured as the policy says (apply kubeletConfiguration)"
             )
-        infra = fixed_infra if fixed_infra is not None else facts.infra_pod_memory_bytes
+        # /dev/shm must hold every VM the kubelet admits, so the node of the group with the
+        # least infra memory (the most room for Kata pods) sets it.
+        measured = {m.name: m.infra_pod_memory_bytes for m in members if m.infra_pod_memory_bytes is not None}
+        infra = fixed_infra if fixed_infra is not None else (min(measured.values()) if measured else None)
         infra_known = infra is not None
         infra = infra or 0
         room = max(0, allocatable - infra)
@@ -175,6 +180,10 @@ def node_guidance(
                 if facts.allocatable_memory_bytes is not None else None
             ),
             infra_pod_memory=format_memory(infra),
+            infra_pod_memory_by_node=(
+                {name: format_memory(value) for name, value in sorted(measured.items())}
+                if fixed_infra is None and len(measured) > 1 else {}
+            ),
             shm_applies=shm_reason is None,
             shm_size=format_memory(shm_size) if shm_reason is None else None,
             shm_size_bytes=shm_size if shm_reason is None else None,

@@ -13,7 +13,9 @@ import os
 
 import kopf
 
+from . import defaults
 from . import reconcile as rc
+from .cluster import facts_for_nodes, summarize_node, summarize_pod
 from .kube import ApiError, KubeApi, PermanentApiError, TransientApiError
 from .model import GROUP, PLURAL, VERSION
 from .render import MANAGED_BY, MANAGED_BY_LABEL
@@ -23,6 +25,9 @@ log = logging.getLogger("kata_sizing")
 # A resync re-reads every managed object and writes nothing when all is in sync; it catches
 # what a watch may have missed (and retries conflicts that cleared up). Seconds.
 RESYNC_INTERVAL_S = float(os.environ.get("KATA_SIZING_RESYNC_SECONDS", "300"))
+# Node guidance is recomputed from the watch-fed indexes at most this often per policy, so
+# a storm of pod events turns into one recompute. Seconds.
+GUIDANCE_INTERVAL_S = float(os.environ.get("KATA_SIZING_GUIDANCE_SECONDS", "10"))
 TRANSIENT_BACKOFF_S = (0.2, 0.5, 1, 2, 5, 10, 30)
 DRIFT_RETRIES = 4
 ANNOTATION_PREFIX = "katasizing.dev"
@@ -52,6 +57,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     memo.api = await KubeApi.connect()
     memo.cache = rc.DesiredCache()
     memo.locks = {}
+    memo.node_facts = {}
 
 
 async def on_cleanup(memo: kopf.Memo, **_) -> None:
@@ -64,11 +70,25 @@ def _lock(memo: kopf.Memo, name: str) -> asyncio.Lock:
     return memo.locks.setdefault(name, asyncio.Lock())
 
 
-async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int) -> None:
+def _node_facts(body: kopf.Body, memo: kopf.Memo, node_index: kopf.Index, pod_index: kopf.Index) -> list:
+    selector = ((body.get("spec") or {}).get("nodes") or {}).get("selector")
+    if selector is None:
+        selector = dict(defaults.KATA_NODE_LABEL)
+    kata_classes = {key[2] for key in memo.cache.by_child if key[0] == "RuntimeClass"}
+    nodes = [summary for store in node_index.values() for summary in store]
+    return facts_for_nodes(nodes, pod_index, selector, kata_classes)
+
+
+async def _reconcile(
+    memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int,
+    node_index: kopf.Index, pod_index: kopf.Index,
+) -> None:
     name = body["metadata"]["name"]
     async with _lock(memo, name):
+        facts = _node_facts(body, memo, node_index, pod_index)
+        memo.node_facts[name] = tuple(facts)
         try:
-            await rc.reconcile(memo.api, _plain(body), trigger, memo.cache, _event_sink)
+            await rc.reconcile(memo.api, _plain(body), trigger, memo.cache, _event_sink, nodes=facts)
         except (TransientApiError, rc.Conflict) as exc:
             delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
@@ -76,21 +96,48 @@ async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retr
             raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
 
 
-async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
-    await _reconcile(memo, body, "apply", retry)
+async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, node_index: kopf.Index,
+                       pod_index: kopf.Index, **_) -> None:
+    await _reconcile(memo, body, "apply", retry, node_index, pod_index)
 
 
-async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
-    await _reconcile(memo, body, "resync", retry)
+async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, node_index: kopf.Index,
+                        pod_index: kopf.Index, **_) -> None:
+    await _reconcile(memo, body, "resync", retry, node_index, pod_index)
 
 
-async def resync_policy(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+async def resync_policy(body: kopf.Body, memo: kopf.Memo, node_index: kopf.Index,
+                        pod_index: kopf.Index, **_) -> None:
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
     try:
-        await _reconcile(memo, body, "resync", retry=0)
+        await _reconcile(memo, body, "resync", 0, node_index, pod_index)
     except kopf.TemporaryError as exc:
         log.warning("resync of %s failed: %s", body["metadata"]["name"], exc)
+
+
+async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, node_index: kopf.Index,
+                           pod_index: kopf.Index, **_) -> None:
+    """Debounced: only when the facts of the policy's nodes changed since the last pass."""
+    name = body["metadata"]["name"]
+    if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.node_facts:
+        return
+    if tuple(_node_facts(body, memo, node_index, pod_index)) == memo.node_facts[name]:
+        return
+    try:
+        await _reconcile(memo, body, "resync", 0, node_index, pod_index)
+    except kopf.TemporaryError as exc:
+        log.warning("node guidance of %s not refreshed: %s", name, exc)
+
+
+async def index_nodes(name: str, body: kopf.Body, **_) -> dict | None:
+    summary = summarize_node(body)
+    return {name: summary} if summary else None
+
+
+async def index_pods(body: kopf.Body, **_) -> dict | None:
+    found = summarize_pod(body)
+    return {found[0]: found[1]} if found else None
 
 
 async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
@@ -102,6 +149,7 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
             delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
     memo.locks.pop(name, None)
+    memo.node_facts.pop(name, None)
     if removed:
         log.info("policy %s deleted; removed %s", name, ", ".join(removed))
 
@@ -147,7 +195,13 @@ def build_registry() -> kopf.OperatorRegistry:
         *policies, registry=registry, id="resync", interval=RESYNC_INTERVAL_S,
         initial_delay=RESYNC_INTERVAL_S, idle=None,
     )(resync_policy)
+    kopf.timer(
+        *policies, registry=registry, id="guidance", interval=GUIDANCE_INTERVAL_S,
+        initial_delay=GUIDANCE_INTERVAL_S,
+    )(refresh_guidance)
     kopf.on.delete(*policies, registry=registry, id="cleanup")(delete_policy)
+    kopf.index("", "v1", "nodes", registry=registry, id="node_index")(index_nodes)
+    kopf.index("", "v1", "pods", registry=registry, id="pod_index")(index_pods)
     kopf.on.event("node.k8s.io", "v1", "runtimeclasses", registry=registry, labels=MANAGED_LABELS,
                   id="runtimeclass-drift")(child_changed)
     kopf.on.event("", "v1", "configmaps", registry=registry, labels=MANAGED_LABELS,

@@ -386,6 +386,24 @@ class ClassStatus(_Model):
     largest_vm: LargestVm
 
 
+class NodesStatus(_Model):
+    seen: int = Field(default=0, description="Nodes matching spec.nodes.selector.")
+    groups: int = Field(default=0, description="Groups of identical nodes in the guidance ConfigMap.")
+    with_warnings: int = Field(default=0, description="Nodes whose guidance carries a warning.")
+
+
+class OverheadStatus(_Model):
+    """The overhead function in effect: the policy's fields, a fit of its samples, or defaults."""
+
+    guest_memory_base: str
+    guest_memory_ratio: str
+    guest_cpu: str
+    host_memory: str
+    host_cpu: str
+    margin: str
+    fitted: bool = Field(default=False, description="True when fitted from spec.overhead.samples.")
+
+
 class KataSizingPolicyStatus(_Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -393,6 +411,8 @@ class KataSizingPolicyStatus(_Model):
     drift_corrections: int = Field(default=0, description="Hand edits put back (driftPolicy Correct).")
     drift_detected: int = Field(default=0, description="Hand edits reported, not corrected (driftPolicy Report).")
     warnings: list[str] = Field(default_factory=list)
+    overhead: OverheadStatus | None = None
+    nodes: NodesStatus | None = None
 
 
 class KataSizingPolicy(_Model):

@@ -18,6 +18,7 @@ from .kube import Conflict, Invalid, NotFound
 from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from .quantity import QuantityError, parse_quantity
 from .render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, render_policy
+from .guidance import NodeFacts
 from .sizing import PolicySizing, Severity, size_policy
 
 log = logging.getLogger("kata_sizing")
@@ -213,6 +214,7 @@ class PassResult:
     drifted: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    nodes: dict | None = None
 
 
 async def _write_with_retry(
@@ -368,7 +370,32 @@ def class_status(sizing: PolicySizing) -> list[dict]:
     return rows
 
 
-OWNED_STATUS_FIELDS = ("observedGeneration", "conditions", "classes", "warnings")
+OWNED_STATUS_FIELDS = ("observedGeneration", "conditions", "classes", "warnings", "overhead", "nodes")
+
+
+def overhead_status(sizing: PolicySizing) -> dict:
+    from .quantity import format_cpu, format_mib
+
+    fn = sizing.overhead
+    return {
+        "guestMemoryBase": format_mib(fn.guest_memory_base_mib),
+        "guestMemoryRatio": format(fn.guest_memory_ratio.normalize(), "f"),
+        "guestCpu": format_cpu(fn.guest_cpu),
+        "hostMemory": format_mib(fn.host_memory_mib),
+        "hostCpu": format_cpu(fn.host_cpu),
+        "margin": format(fn.margin.normalize(), "f"),
+        "fitted": fn.fitted,
+    }
+
+
+def nodes_status(rendered: Rendered) -> dict | None:
+    if rendered.guidance is None:
+        return None
+    return {
+        "seen": sum(len(g.nodes) for g in rendered.guidance),
+        "groups": len(rendered.guidance),
+        "withWarnings": sum(len(g.nodes) for g in rendered.guidance if g.warnings),
+    }
 
 
 def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) -> dict:
@@ -414,6 +441,13 @@ def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) 
         "classes": class_status(sizing) if sizing is not None else previous.get("classes") or [],
         "warnings": result.warnings,
     }
+    if sizing is not None:
+        status["overhead"] = overhead_status(sizing)
+    elif previous.get("overhead"):
+        status["overhead"] = previous["overhead"]
+    nodes = result.nodes if result.nodes is not None else previous.get("nodes")
+    if nodes is not None:
+        status["nodes"] = nodes
     return status
 
 
@@ -425,7 +459,10 @@ def status_changed(body: dict, status: dict) -> bool:
 # --- the entry points the handlers call ------------------------------------------------------
 
 
-async def reconcile(api, body: dict, trigger: Trigger, cache: DesiredCache, sink: EventSink) -> PassResult:
+async def reconcile(
+    api, body: dict, trigger: Trigger, cache: DesiredCache, sink: EventSink,
+    nodes: list[NodeFacts] | None = None,
+) -> PassResult:
     """One pass for one policy: validate, render, apply the difference, write status if changed."""
     name = (body.get("metadata") or {}).get("name")
     ref = policy_ref(body)
@@ -452,11 +489,13 @@ async def reconcile(api, body: dict, trigger: Trigger, cache: DesiredCache, sink
         await _write_status(api, name, body, compute_status(body, result, None))
         return result
 
-    rendered = render_policy(policy, sizing=sizing)
+    rendered = render_policy(policy, nodes=nodes, sizing=sizing)
+    guidance_errors = [str(p) for p in rendered.problems if p.severity == Severity.ERROR and p not in sizing.errors]
     desired = build_desired(policy, rendered, body)
     cache.put(desired)  # before writing, so our own writes never look like drift
     applied = await apply_desired(api, desired, trigger, cache, sink)
-    applied.warnings = result.warnings
+    applied.warnings = result.warnings + [f"node guidance: {e}" for e in guidance_errors]
+    applied.nodes = nodes_status(rendered) if nodes is not None else None
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
     if applied.conflicts:

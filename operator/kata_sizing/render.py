@@ -208,7 +208,7 @@ def render_policy(
     ]
     guidance: list[NodeGroupGuidance] = []
     problems = list(sizing.problems)
-    if nodes:
+    if nodes is not None:
         guidance, guidance_problems = node_guidance(sizing, nodes)
         problems.extend(guidance_problems)
         data = {g.key + ".yaml": render_guidance_document(policy.name, g) for g in guidance}

@@ -1,0 +1,137 @@
+"""Node facts from live Node and Pod objects, for node guidance (DOMAIN.md section 5).
+
+Pure functions over API-shaped dicts. The operator feeds them from kopf indexes (filled by
+watches), so recomputing guidance costs no API call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Iterable, Mapping
+
+from .guidance import NodeFacts
+from .quantity import QuantityError, cpu_cores, memory_bytes
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    capacity_memory_bytes: int
+    capacity_cpu: Decimal | None
+    allocatable_memory_bytes: int | None
+    allocatable_cpu: Decimal | None
+
+    def matches(self, selector: Mapping[str, str]) -> bool:
+        labels = dict(self.labels)
+        return all(labels.get(key) == value for key, value in selector.items())
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """A scheduled pod's effective memory request and the runtime class it runs under."""
+
+    pod: str  # namespace/name
+    runtime_class: str | None
+    memory_request_bytes: int
+
+
+def _memory(value: object) -> int:
+    try:
+        return memory_bytes(value) if value is not None else 0
+    except QuantityError:
+        return 0
+
+
+def _cpu(value: object) -> Decimal | None:
+    try:
+        return cpu_cores(value) if value is not None else None
+    except QuantityError:
+        return None
+
+
+def summarize_node(node: Mapping) -> NodeSummary | None:
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    if not meta.get("name") or capacity.get("memory") is None:
+        return None
+    return NodeSummary(
+        name=meta["name"],
+        labels=tuple(sorted((meta.get("labels") or {}).items())),
+        capacity_memory_bytes=_memory(capacity.get("memory")),
+        capacity_cpu=_cpu(capacity.get("cpu")),
+        allocatable_memory_bytes=_memory(allocatable["memory"]) if "memory" in allocatable else None,
+        allocatable_cpu=_cpu(allocatable.get("cpu")),
+    )
+
+
+def _request(container: Mapping) -> int:
+    return _memory(((container.get("resources") or {}).get("requests") or {}).get("memory"))
+
+
+def effective_memory_request(spec: Mapping) -> int:
+    """Kubernetes' effective pod request: the larger of the app containers (plus sidecars)
+    and the largest init container (plus the sidecars started before it), plus overhead.
+    Sidecars are init containers with restartPolicy Always (KEP-753)."""
+    sidecars = 0
+    init_peak = 0
+    for init in spec.get("initContainers") or []:
+        request = _request(init)
+        if init.get("restartPolicy") == "Always":
+            sidecars += request
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, request + sidecars)
+    app = sum(_request(c) for c in spec.get("containers") or []) + sidecars
+    overhead = _memory(((spec.get("overhead") or {}).get("memory")))
+    return max(app, init_peak) + overhead
+
+
+def summarize_pod(pod: Mapping) -> tuple[str, PodRequest] | None:
+    """(node name, request) for a pod that holds memory on a node; None otherwise."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if not node or phase in ("Succeeded", "Failed"):
+        return None
+    meta = pod.get("metadata") or {}
+    return node, PodRequest(
+        pod=f"{meta.get('namespace')}/{meta.get('name')}",
+        runtime_class=spec.get("runtimeClassName"),
+        memory_request_bytes=effective_memory_request(spec),
+    )
+
+
+def is_kata_class(runtime_class: str | None, kata_classes: set[str]) -> bool:
+    # kata-deploy names its RuntimeClasses kata-<shim> (and `kata` for the default one).
+    if not runtime_class:
+        return False
+    return runtime_class in kata_classes or runtime_class == "kata" or runtime_class.startswith("kata-")
+
+
+def facts_for_nodes(
+    nodes: Iterable[NodeSummary],
+    pods_by_node: Mapping[str, Iterable[PodRequest]],
+    selector: Mapping[str, str],
+    kata_classes: set[str],
+) -> list[NodeFacts]:
+    facts = []
+    for node in nodes:
+        if not node.matches(selector):
+            continue
+        infra = sum(
+            p.memory_request_bytes for p in pods_by_node.get(node.name, ())
+            if not is_kata_class(p.runtime_class, kata_classes)
+        )
+        facts.append(NodeFacts(
+            name=node.name,
+            capacity_memory_bytes=node.capacity_memory_bytes,
+            capacity_cpu=node.capacity_cpu,
+            allocatable_memory_bytes=node.allocatable_memory_bytes,
+            allocatable_cpu=node.allocatable_cpu,
+            infra_pod_memory_bytes=infra,
+        ))
+    return sorted(facts, key=lambda f: f.name)
