@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
@@ -53,6 +54,22 @@ def _toml_value(value: object) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
+# json.dumps writes a character beyond U+FFFF as a UTF-16 surrogate pair (\ud83d\ude00);
+# YAML reads that as two lone surrogates, so such pairs become YAML's \UXXXXXXXX escape.
+# The lookbehind skips a `\\u` that is an escaped backslash followed by "u".
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def _json_for_yaml(value: object, **kwargs) -> str:
+    """JSON that YAML parsers read back to the same value."""
+
+    def astral(match: re.Match) -> str:
+        code = 0x10000 + ((int(match[2], 16) - 0xD800) << 10) + (int(match[3], 16) - 0xDC00)
+        return f"{match[1]}\\U{code:08x}"
+
+    return _SURROGATE_PAIR.sub(astral, json.dumps(value, **kwargs))
+
+
 def _yaml_block(text: str, indent: int) -> str:
     """A literal block scalar (`|`) for readable multi-line strings; JSON otherwise."""
     plain = all(ch in "\n\t" or ch.isprintable() for ch in text)
@@ -64,7 +81,7 @@ def _yaml_block(text: str, indent: int) -> str:
         or text.endswith("\n\n")
         or any(line != line.rstrip() for line in lines)
     ):
-        return json.dumps(text)
+        return _json_for_yaml(text)
     chomp = "" if text.endswith("\n") else "-"
     body = lines[:-1] if text.endswith("\n") else lines
     pad = " " * indent
@@ -82,6 +99,7 @@ def _environment(directory: str) -> jinja2.Environment:
     env.filters["toml"] = _toml_value
     env.filters["yaml_block"] = _yaml_block
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+    env.policies["json.dumps_function"] = _json_for_yaml
     return env
 
 
