@@ -157,7 +157,8 @@ def _size_class(
     size_class: SizeClass, runtime: Runtime, fn: OverheadFunction, spec: KataSizingPolicySpec, prefix: str
 ) -> ClassSizing:
     envelope_cpu = cpu_cores(size_class.cpu)
-    envelope_mib = round_up_even(memory_bytes(size_class.memory) // MIB)
+    envelope_bytes = memory_bytes(size_class.memory)
+    envelope_mib = round_up_even(envelope_bytes // MIB)
     budget = guest_budget_mib(fn.guest_memory_base_mib, fn.guest_memory_ratio, envelope_mib, fn.margin)
     explicit = {
         name for name in ("overhead_vcpus", "overhead_memory", "default_vcpus", "default_memory", "pod_fixed")
@@ -182,7 +183,7 @@ def _size_class(
         pod_fixed_cpu = overhead_vcpus + fn.host_cpu
         pod_fixed_memory = max(overhead_memory, default_memory) + fn.host_memory_mib
         largest = simulate_rust(
-            envelope_cpu, envelope_mib * MIB, overhead_vcpus, overhead_memory, default_vcpus, default_memory
+            envelope_cpu, envelope_bytes, overhead_vcpus, overhead_memory, default_vcpus, default_memory
         )
         largest_vm = largest.vm if largest.vm else Vm(default_vcpus, default_memory)
         guest_budget = overhead_memory
@@ -195,7 +196,8 @@ def _size_class(
         )
         pod_fixed_cpu = fn.guest_cpu + fn.host_cpu
         pod_fixed_memory = default_memory + fn.host_memory_mib
-        largest_vm = simulate_go(envelope_cpu, envelope_mib * MIB, default_vcpus, default_memory).vm
+        # The Go runtime adds the limit as it is; only runtime-rs rounds it to even MiB.
+        largest_vm = simulate_go(envelope_cpu, envelope_bytes, default_vcpus, default_memory).vm
         guest_budget = default_memory
 
     if size_class.pod_fixed is not None:
