@@ -443,6 +443,12 @@ class KataSizingPolicy(_Model):
         return self.spec.runtime_class.name_prefix or f"kata-{self.metadata.name}"
 
 
+def _key_text(key: object) -> str:
+    # A user's key may hold a newline or control character; each problem must stay one line.
+    text = str(key)
+    return text if text.isprintable() and text.strip() == text and text else repr(key)
+
+
 def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
     """One line per problem: `spec.classes[1].memory: <rule>`."""
     lines = []
@@ -454,7 +460,7 @@ def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
             elif part.startswith("function-") or part in ("str", "int", "bool"):
                 continue
             else:
-                path += f".{part}" if path else str(part)
+                path += f".{_key_text(part)}" if path else _key_text(part)
         message = error["msg"]
         for prefix in ("Value error, ", "Assertion failed, "):
             if message.startswith(prefix):
@@ -480,8 +486,8 @@ def parse_policy(document: object) -> KataSizingPolicy:
     if not isinstance(document, dict):
         raise PolicyError([f"(policy): expected a mapping (a KataSizingPolicy), got {type(document).__name__}"])
     body = {key: document[key] for key in ("apiVersion", "kind", "metadata", "spec", "status") if key in document}
-    unknown = sorted(set(document) - set(body))
-    problems = [f"{key}: unknown top-level field" for key in unknown]
+    unknown = sorted(set(document) - set(body), key=str)
+    problems = [f"{_key_text(key)}: unknown top-level field" for key in unknown]
     if isinstance(body.get("metadata"), dict):
         # Live objects carry server fields (managedFields, resourceVersion...); keep what we read.
         meta = body["metadata"]
