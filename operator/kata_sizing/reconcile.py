@@ -182,6 +182,12 @@ class DesiredCache:
         return self.by_policy.get(name) if name else None
 
 
+def _without_owner_references(obj: dict) -> dict:
+    obj = copy.deepcopy(obj)
+    obj["metadata"].pop("ownerReferences", None)
+    return obj
+
+
 def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> Desired:
     runtime_classes = {obj_key(o): o for o in rendered.runtime_classes}
     owned = {obj_key(o): o for o in rendered.configmaps}
@@ -189,7 +195,9 @@ def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> D
     if rendered.creates_runtime_classes:
         owned.update(runtime_classes)
     else:
-        guarded = runtime_classes
+        # The chart's objects: never owned by the policy, or deleting the policy would make
+        # the garbage collector delete them (and drift correction would add the reference).
+        guarded = {key: _without_owner_references(o) for key, o in runtime_classes.items()}
     return Desired(
         policy_name=policy.name,
         policy_uid=policy.metadata.uid,
