@@ -255,6 +255,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import AuditError, audit_values, format_text, runtime_classes_from_documents
+
+    documents = load_yaml_documents(args.values)
+    if len(documents) != 1 or not isinstance(documents[0], dict):
+        raise InputError(f"{args.values}: not a kata-deploy values file (one YAML mapping)")
+    runtime_classes = []
+    for path in args.runtime_classes:
+        try:
+            runtime_classes.extend(runtime_classes_from_documents(load_yaml_documents(path)))
+        except AuditError as exc:
+            raise InputError(f"{path}: {exc}") from None
+    report = audit_values(documents[0], runtime_classes)
+    if args.output == "json":
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        _print_problems(report.notes, "note")
+        sys.stdout.write(format_text(report))
+    if report.errors or (args.strict and report.findings):
+        return EXIT_INVALID
+    return EXIT_OK
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from .operator_main import run_operator  # kopf and kubernetes load only here
 
@@ -298,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--policy", metavar="POLICY.yaml", help="show the per-class values the fit gives")
     calibrate.add_argument("-o", "--output", choices=("text", "json"), default="text")
     calibrate.set_defaults(func=cmd_calibrate)
+
+    audit = sub.add_parser("audit", help="check an existing kata-deploy install's values and RuntimeClasses")
+    audit.add_argument("values", metavar="VALUES.yaml", help="kata-deploy Helm values ('-' for stdin)")
+    audit.add_argument("runtime_classes", metavar="RUNTIMECLASSES.yaml", nargs="*",
+                       help="live RuntimeClasses (kubectl get runtimeclass -o yaml); they win over the values")
+    audit.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    audit.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    audit.set_defaults(func=cmd_audit)
 
     operator = sub.add_parser("operator", help="run the operator (kopf)")
     operator.add_argument("--liveness", metavar="URL", help="serve kopf's health endpoint here")

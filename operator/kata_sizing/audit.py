@@ -1,0 +1,817 @@
+"""Audit of an existing kata-deploy install: its Helm values and, optionally, the live
+RuntimeClasses, checked against the rules of DOMAIN.md section 2.
+
+Pure: dicts in, an `AuditReport` out; the CLI reads the files. How the values become
+RuntimeClasses follows the kata-deploy chart ([kd-values] in defaults.py): its
+`runtimeclasses.yaml` template (enabled shims, per-key `overhead` merged over the
+built-in podFixed table, per-shim `overheadEnabled` over the global one, name and handler
+`kata-<shim>[-<multiInstallSuffix>]`) and its `custom-runtimes.yaml` template (handler
+read textually from the `handler:` line of the runtimeClass string).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+
+import yaml
+
+from . import defaults
+from .defaults import Runtime, ShimInfo
+from .quantity import MIB, QuantityError, cpu_cores, format_cpu, format_memory, format_mib, format_vcpus, memory_bytes
+
+
+class Severity:
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class Rule:
+    OVERHEAD_DISABLED = "overhead-disabled"
+    GO_POD_FIXED_MEMORY = "go-pod-fixed-memory"
+    GO_HOST_UNCOVERED = "go-host-side-uncovered"
+    GO_DEFAULT_MEMORY_IGNORED = "go-default-memory-ignored"
+    RUST_POD_FIXED_MEMORY = "rust-pod-fixed-memory"
+    RUST_POD_FIXED_CPU = "rust-pod-fixed-cpu"
+    NO_LIMITS_UNDER_ACCOUNTED = "no-limits-under-accounted"
+    SANDBOX_CGROUP_ONLY = "sandbox-cgroup-only"
+    SANDBOX_MEMORY_ZERO = "sandbox-memory-zero"
+    DROP_IN_INVALID = "drop-in-invalid"
+    OVERHEAD_INVALID = "overhead-invalid"
+    RUNTIME_CLASS_INVALID = "runtime-class-invalid"
+
+
+class AuditError(ValueError):
+    """Input the audit cannot work on at all (not a mapping of values)."""
+
+
+_DROP_IN_HYPERVISOR_INTS = ("default_memory", "overhead_memory")
+_DROP_IN_HYPERVISOR_NUMBERS = ("default_vcpus", "overhead_vcpus")
+_DROP_IN_RUNTIME_BOOLS = ("static_sandbox_resource_mgmt", "sandbox_cgroup_only")
+# kata-deploy's extra RuntimeClasses per shim (`debug`, `devkit`) reuse the shim's config.
+_HANDLER_VARIANTS = ("-debug", "-devkit")
+# Go runtime source: src/runtime/pkg/katautils/config.go defaultMemSz() replaces a
+# default_memory below virtcontainers' MinHypervisorMemory (256, hypervisor.go) with the
+# built-in 2048 MiB, silently.
+GO_MIN_DEFAULT_MEMORY_MIB = 256
+# [kd-values] defaultShim is read in this order by the chart's runtimeclasses.yaml.
+_DEFAULT_SHIM_ARCHES = ("amd64", "arm64", "s390x", "ppc64le")
+
+
+@dataclass(frozen=True)
+class KataValues:
+    """The Kata settings a sandbox of this class boots with: shipped defaults, then the drop-in."""
+
+    hypervisor: str
+    default_memory_mib: int
+    default_vcpus: Decimal
+    overhead_memory_mib: int | None  # runtime-rs only
+    overhead_vcpus: Decimal | None  # runtime-rs only
+    static_sandbox_resource_mgmt: bool
+    sandbox_cgroup_only: bool
+    from_drop_in: frozenset[str] = frozenset()
+
+    def as_dict(self) -> dict:
+        return {
+            "hypervisor": self.hypervisor,
+            "defaultMemoryMiB": self.default_memory_mib,
+            "defaultVcpus": format_vcpus(self.default_vcpus),
+            "overheadMemoryMiB": self.overhead_memory_mib,
+            "overheadVcpus": None if self.overhead_vcpus is None else format_vcpus(self.overhead_vcpus),
+            "staticSandboxResourceMgmt": self.static_sandbox_resource_mgmt,
+            "sandboxCgroupOnly": self.sandbox_cgroup_only,
+            "fromDropIn": sorted(self.from_drop_in),
+        }
+
+
+@dataclass(frozen=True)
+class CheckedClass:
+    name: str
+    handler: str
+    shim: str
+    runtime: Runtime
+    # "shim" (shims.<shim>), "custom-runtime" (customRuntimes.runtimes.<name>) or
+    # "runtime-class" (a live RuntimeClass, whose podFixed is what Kubernetes uses).
+    source: str
+    values_path: str | None
+    overhead_enabled: bool
+    pod_fixed_memory_bytes: int | None
+    pod_fixed_cpu: Decimal | None
+    kata: KataValues | None  # None when the drop-in cannot be read
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "handler": self.handler,
+            "shim": self.shim,
+            "runtime": self.runtime.value,
+            "source": self.source,
+            "valuesPath": self.values_path,
+            "overheadEnabled": self.overhead_enabled,
+            "podFixed": {
+                "memory": _show_memory(self.pod_fixed_memory_bytes),
+                "cpu": _show_cpu(self.pod_fixed_cpu),
+            } if self.overhead_enabled else None,
+            "kata": self.kata.as_dict() if self.kata else None,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    runtime_class: str
+    handler: str
+    severity: str
+    rule: str
+    value: str  # what the install has
+    bound: str  # what the rule compares it with
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.runtime_class} (handler {self.handler}) [{self.rule}]: {self.message}; fix: {self.fix}"
+
+    def as_dict(self) -> dict:
+        return {
+            "runtimeClass": self.runtime_class,
+            "handler": self.handler,
+            "severity": self.severity,
+            "rule": self.rule,
+            "value": self.value,
+            "bound": self.bound,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+@dataclass
+class AuditReport:
+    findings: list[Finding] = field(default_factory=list)
+    checked: list[CheckedClass] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.WARNING]
+
+    def as_dict(self) -> dict:
+        return {
+            "summary": {
+                "checked": len(self.checked),
+                "errors": len(self.errors),
+                "warnings": len(self.warnings),
+            },
+            "findings": [f.as_dict() for f in self.findings],
+            "checked": [c.as_dict() for c in self.checked],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A RuntimeClass before checking: where it comes from and its raw settings."""
+
+    name: str
+    handler: str
+    shim: str
+    source: str
+    values_path: str | None
+    pod_fixed_path: str  # where a podFixed fix goes, with "{key}" for memory or cpu
+    drop_in: object
+    drop_in_path: str
+    overhead_enabled: bool
+    pod_fixed: dict
+
+
+def _show_memory(size_bytes: int | None) -> str:
+    return "unset" if size_bytes is None else format_memory(size_bytes)
+
+
+def _show_cpu(cores: Decimal | None) -> str:
+    return "unset" if cores is None else format_cpu(cores)
+
+
+def _describe(pod_fixed: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(pod_fixed.items())) or "none"
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _set(mapping: dict, key: str, default: object) -> object:
+    # Helm drops a key set to null from the merged values, so null means "not set".
+    value = mapping.get(key)
+    return default if value is None else value
+
+
+def _shim_handler(shim: str, suffix: str) -> str:
+    return f"kata-{shim}-{suffix}" if suffix else f"kata-{shim}"
+
+
+def _chart_pod_fixed(info: ShimInfo) -> dict:
+    return {"memory": info.kata_deploy_pod_fixed_memory, "cpu": info.kata_deploy_pod_fixed_cpu}
+
+
+def _overhead_keys(overhead: dict) -> dict:
+    return {k: v for k, v in overhead.items() if k in ("memory", "cpu") and v is not None}
+
+
+# --- values -> candidates -------------------------------------------------------------
+
+
+def _shim_candidates(values: dict, notes: list[str]) -> tuple[list[_Candidate], bool]:
+    shims = values.get("shims")
+    if shims is None:
+        notes.append("the values file has no `shims` section: only custom runtimes and the given "
+                     "RuntimeClasses are audited (pass the full values, e.g. `helm get values --all`)")
+        return [], True
+    if not isinstance(shims, dict):
+        notes.append("`shims` is not a mapping; no shim is audited")
+        return [], True
+    runtime_classes = _mapping(values.get("runtimeClasses"))
+    creates = bool(_set(runtime_classes, "enabled", True))
+    global_overhead = bool(_set(runtime_classes, "overheadEnabled", True))
+    env = _mapping(values.get("env"))
+    suffix = str(_set(env, "multiInstallSuffix", "") or "")
+    disable_all = bool(_set(shims, "disableAll", False))
+    default_shim = None
+    if _set(runtime_classes, "createDefault", False) and not suffix:
+        arches = _mapping(values.get("defaultShim"))
+        default_shim = next((arches[a] for a in _DEFAULT_SHIM_ARCHES if arches.get(a)), None)
+
+    missing = sorted(set(defaults.SHIMS) - set(shims))
+    # With disableAll, a shim the file leaves out follows it and is not installed.
+    if missing and not disable_all:
+        notes.append(f"shims the values file does not list are not audited ({', '.join(missing)}); "
+                     "if it is an overlay, pass the full values (`helm get values --all`)")
+    candidates = []
+    for shim, config in shims.items():
+        if shim == "disableAll":
+            continue
+        config = _mapping(config)
+        enabled = config.get("enabled")
+        if enabled is not True and (enabled is False or disable_all):
+            continue
+        if shim in defaults.OUT_OF_SCOPE_SHIMS:
+            notes.append(f"shims.{shim}: {defaults.OUT_OF_SCOPE_SHIMS[shim]}; not audited")
+            continue
+        if shim not in defaults.SHIMS:
+            notes.append(f"shims.{shim}: not a shim kata-sizing knows (the chart creates no "
+                         "RuntimeClass for it); not audited")
+            continue
+        rc_config = _mapping(config.get("runtimeClass"))
+        overhead = rc_config.get("overhead")
+        pod_fixed = _chart_pod_fixed(defaults.SHIMS[shim])
+        if isinstance(overhead, dict):
+            pod_fixed.update(_overhead_keys(overhead))
+        elif overhead is not None:
+            pod_fixed = {"invalid": overhead}
+        handler = _shim_handler(shim, suffix)
+        candidate = _Candidate(
+            name=handler,
+            handler=handler,
+            shim=shim,
+            source="shim",
+            values_path=f"shims.{shim}",
+            pod_fixed_path=f"shims.{shim}.runtimeClass.overhead.{{key}}",
+            drop_in=config.get("dropIn"),
+            drop_in_path=f"shims.{shim}.dropIn",
+            overhead_enabled=bool(_set(rc_config, "overheadEnabled", global_overhead)),
+            pod_fixed=pod_fixed,
+        )
+        candidates.append(candidate)
+        if shim == default_shim:
+            name = str(_set(runtime_classes, "defaultName", "kata"))
+            candidates.append(replace(candidate, name=name))
+    if not creates and candidates:
+        notes.append("runtimeClasses.enabled is false: the chart creates no RuntimeClass for its "
+                     "shims; they are audited only through the RuntimeClasses given")
+    return candidates, creates
+
+
+def _handler_line(text: str) -> str | None:
+    # The chart takes the handler textually: the last line starting with `handler:`, trimmed.
+    handler = None
+    for line in text.split("\n"):
+        line = line.strip()
+        if line.startswith("handler:"):
+            handler = line[len("handler:"):].strip()
+    return handler
+
+
+def _custom_candidates(values: dict, notes: list[str], findings: list[Finding]) -> list[_Candidate]:
+    custom = _mapping(values.get("customRuntimes"))
+    runtimes = custom.get("runtimes")
+    if not runtimes:
+        return []
+    if not isinstance(runtimes, dict):
+        notes.append("customRuntimes.runtimes is not a mapping; no custom runtime is audited")
+        return []
+    if not custom.get("enabled"):
+        notes.append(f"customRuntimes.enabled is not true: {len(runtimes)} custom runtime(s) are "
+                     "not installed and not audited")
+        return []
+    candidates = []
+    for name, runtime in runtimes.items():
+        path = f"customRuntimes.runtimes.{name}"
+        runtime = _mapping(runtime)
+        base = runtime.get("baseConfig")
+        text = runtime.get("runtimeClass")
+        if not text:
+            notes.append(f"{path}: no runtimeClass, so the chart registers no handler; not audited")
+            continue
+        if not isinstance(base, str) or not base:
+            notes.append(f"{path}: no baseConfig (the chart requires one); not audited")
+            continue
+        if base in defaults.OUT_OF_SCOPE_SHIMS:
+            notes.append(f"{path}: baseConfig {base}: {defaults.OUT_OF_SCOPE_SHIMS[base]}; not audited")
+            continue
+        if base not in defaults.SHIMS:
+            notes.append(f"{path}: baseConfig {base!r} is not a shim kata-sizing knows; not audited")
+            continue
+        textual = _handler_line(text) if isinstance(text, str) else None
+        try:
+            rc = yaml.safe_load(text) if isinstance(text, str) else None
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            findings.append(Finding(str(name), textual or "?", Severity.ERROR, Rule.RUNTIME_CLASS_INVALID,
+                                    "not YAML", "a RuntimeClass", f"{path}.runtimeClass is not valid YAML: {problem}",
+                                    f"write a full RuntimeClass YAML in {path}.runtimeClass"))
+            continue
+        if not isinstance(rc, dict) or not isinstance(rc.get("handler"), str) or not textual:
+            findings.append(Finding(str(name), textual or "?", Severity.ERROR, Rule.RUNTIME_CLASS_INVALID,
+                                    "no handler", "a RuntimeClass with a handler",
+                                    f"{path}.runtimeClass is not a RuntimeClass with a handler",
+                                    f"write a full RuntimeClass YAML with `handler:` in {path}.runtimeClass"))
+            continue
+        rc_name = str(_mapping(rc.get("metadata")).get("name") or name)
+        if textual != rc["handler"]:
+            # The chart registers the text after `handler:`, quotes included; Kubernetes
+            # uses the parsed value: the two disagree and no pod of this class starts.
+            findings.append(Finding(rc_name, rc["handler"], Severity.ERROR, Rule.RUNTIME_CLASS_INVALID,
+                                    f"handler: {textual}", f"handler: {rc['handler']}",
+                                    (f"kata-deploy registers the containerd handler {textual!r} (it reads the "
+                                     f"`handler:` line as text) but the RuntimeClass names {rc['handler']!r}"),
+                                    f"write `handler: {rc['handler']}` unquoted in {path}.runtimeClass"))
+        given = _mapping(_mapping(rc.get("overhead")).get("podFixed"))
+        inherit = bool(_set(runtime, "inheritBaseOverhead", True))
+        pod_fixed = {**_chart_pod_fixed(defaults.SHIMS[base]), **_overhead_keys(given)} if inherit \
+            else _overhead_keys(given)
+        candidates.append(_Candidate(
+            name=rc_name,
+            handler=rc["handler"],
+            shim=base,
+            source="custom-runtime",
+            values_path=path,
+            pod_fixed_path=f"overhead.podFixed.{{key}} in {path}.runtimeClass",
+            drop_in=runtime.get("dropIn"),
+            drop_in_path=f"{path}.dropIn",
+            overhead_enabled=bool(pod_fixed),
+            pod_fixed=pod_fixed,
+        ))
+    return candidates
+
+
+# --- live RuntimeClasses ---------------------------------------------------------------
+
+
+def runtime_classes_from_documents(documents: list[object]) -> list[dict]:
+    """RuntimeClass objects from YAML documents: single objects or `kind: List` (as
+    `kubectl get runtimeclass -o yaml` prints); other kinds are left to the audit to note."""
+    found: list[dict] = []
+    for index, document in enumerate(documents):
+        if not isinstance(document, dict):
+            raise AuditError(f"document {index + 1} is not a mapping (a RuntimeClass or a List)")
+        if str(document.get("kind", "")).endswith("List"):
+            items = document.get("items") or []
+            if not isinstance(items, list):
+                raise AuditError(f"document {index + 1}: items is not a list")
+            found.extend(items)
+        else:
+            found.append(document)
+    return found
+
+
+def _shim_of_handler(handler: str, suffix: str = "") -> str | None:
+    """The shim a `kata-<shim>[-<suffix>][-debug|-devkit]` handler runs, or None."""
+    if not handler.startswith("kata-"):
+        return None
+    rest = handler[len("kata-"):]
+    options = [rest]
+    for variant in _HANDLER_VARIANTS:
+        if rest.endswith(variant):
+            options.append(rest[: -len(variant)])
+    if suffix:
+        options += [o[: -len(suffix) - 1] for o in list(options) if o.endswith(f"-{suffix}")]
+    for option in options:
+        if option in defaults.SHIMS or option in defaults.OUT_OF_SCOPE_SHIMS:
+            return option
+    return None
+
+
+def _live_fields(rc: object) -> tuple[str, str, dict, bool] | None:
+    if not isinstance(rc, dict) or rc.get("kind", "RuntimeClass") != "RuntimeClass":
+        return None
+    handler = rc.get("handler")
+    if not isinstance(handler, str):
+        return None
+    name = str(_mapping(rc.get("metadata")).get("name") or handler)
+    overhead = rc.get("overhead")
+    pod_fixed = _mapping(overhead).get("podFixed") if overhead is not None else None
+    if pod_fixed is None:
+        return name, handler, {}, False
+    if not isinstance(pod_fixed, dict):
+        return name, handler, {"invalid": pod_fixed}, True
+    given = _overhead_keys(pod_fixed)
+    return name, handler, given, bool(given)
+
+
+def _live_only_candidate(name: str, handler: str, shim: str, pod_fixed: dict, enabled: bool) -> _Candidate:
+    return _Candidate(
+        name=name,
+        handler=handler,
+        shim=shim,
+        source="runtime-class",
+        values_path=None,
+        pod_fixed_path=f"overhead.podFixed.{{key}} of RuntimeClass {name} (only pods created afterwards get it)",
+        drop_in=None,
+        drop_in_path=f"the drop-in of shims.{shim}",
+        overhead_enabled=enabled,
+        pod_fixed=pod_fixed,
+    )
+
+
+# --- the checks ------------------------------------------------------------------------
+
+
+def _shipped(info: ShimInfo) -> KataValues:
+    # [go-make]/[rs-make]: default_memory 2048 MiB, default_vcpus 1 for both runtimes;
+    # overhead_* and the [runtime] switches per shim (defaults.SHIMS).
+    return KataValues(
+        hypervisor=info.hypervisor,
+        default_memory_mib=defaults.SHIPPED_DEFAULT_MEMORY_MIB,
+        default_vcpus=Decimal(defaults.SHIPPED_DEFAULT_VCPUS),
+        overhead_memory_mib=info.shipped_overhead_memory_mib,
+        overhead_vcpus=info.shipped_overhead_vcpus,
+        static_sandbox_resource_mgmt=info.shipped_static_sizing,
+        sandbox_cgroup_only=info.shipped_sandbox_cgroup_only,
+    )
+
+
+def _apply_drop_in(
+    info: ShimInfo, c: _Candidate, notes: list[str], bad: list[tuple[str, str, str]], ignored: list[int]
+) -> KataValues | None:
+    """Shipped values overridden by the drop-in; None when it is not TOML (Kata would fail
+    to load the configuration). `bad` collects (key, value, why) for unusable keys, `ignored`
+    a Go default_memory the runtime replaces."""
+    kata = _shipped(info)
+    if c.drop_in is None or c.drop_in == "":
+        return kata
+    if not isinstance(c.drop_in, str):
+        bad.append(("dropIn", repr(c.drop_in), "it must be a TOML string"))
+        return None
+    try:
+        document = tomllib.loads(c.drop_in)
+    except tomllib.TOMLDecodeError as exc:
+        bad.append(("dropIn", "not TOML", str(exc)))
+        return None
+    changes: dict[str, object] = {}
+    hypervisors = _mapping(document.get("hypervisor"))
+    # Any [hypervisor.<name>] table counts; the shim's own hypervisor's table is applied last.
+    for table_name in sorted(hypervisors, key=lambda n: n == info.hypervisor):
+        if table_name != info.hypervisor:
+            notes.append(f"{c.drop_in_path}: [hypervisor.{table_name}] is not shim {c.shim}'s "
+                         f"hypervisor ({info.hypervisor}); its keys are audited as if it were")
+        table = _mapping(hypervisors[table_name])
+        for key in _DROP_IN_HYPERVISOR_INTS:
+            if key in table:
+                value = table[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    bad.append((key, repr(value), "it must be a whole number of MiB, 0 or more"))
+                else:
+                    changes[key] = value
+        for key in _DROP_IN_HYPERVISOR_NUMBERS:
+            if key in table:
+                value = table[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                    bad.append((key, repr(value), "it must be a number of vCPUs, 0 or more"))
+                else:
+                    changes[key] = Decimal(str(value))
+    runtime = _mapping(document.get("runtime"))
+    for key in _DROP_IN_RUNTIME_BOOLS:
+        if key in runtime:
+            if isinstance(runtime[key], bool):
+                changes[key] = runtime[key]
+            else:
+                bad.append((key, repr(runtime[key]), "it must be true or false"))
+    if info.runtime is Runtime.GO and {"overhead_memory", "overhead_vcpus"} & set(changes):
+        notes.append(f"{c.drop_in_path}: overhead_memory/overhead_vcpus are runtime-rs settings; "
+                     f"the Go runtime of shim {c.shim} ignores them")
+        changes.pop("overhead_memory", None)
+        changes.pop("overhead_vcpus", None)
+    requested = changes.get("default_memory", GO_MIN_DEFAULT_MEMORY_MIB)
+    if info.runtime is Runtime.GO and requested < GO_MIN_DEFAULT_MEMORY_MIB:
+        ignored.append(changes["default_memory"])
+        changes["default_memory"] = defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    return replace(
+        kata,
+        default_memory_mib=changes.get("default_memory", kata.default_memory_mib),
+        default_vcpus=changes.get("default_vcpus", kata.default_vcpus),
+        overhead_memory_mib=changes.get("overhead_memory", kata.overhead_memory_mib),
+        overhead_vcpus=changes.get("overhead_vcpus", kata.overhead_vcpus),
+        static_sandbox_resource_mgmt=changes.get("static_sandbox_resource_mgmt", kata.static_sandbox_resource_mgmt),
+        sandbox_cgroup_only=changes.get("sandbox_cgroup_only", kata.sandbox_cgroup_only),
+        from_drop_in=frozenset(changes),
+    )
+
+
+def _field(c: _Candidate, key: str) -> str:
+    return c.pod_fixed_path.replace("{key}", key)
+
+
+def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None]:
+    if "invalid" in c.pod_fixed:
+        finding(Severity.ERROR, Rule.OVERHEAD_INVALID, repr(c.pod_fixed["invalid"]), "memory and cpu quantities",
+                "the overhead is not a mapping of memory and cpu",
+                f"set {_field(c, 'memory')} and {_field(c, 'cpu')}")
+        return None, None
+    memory = cpu = None
+    if "memory" in c.pod_fixed:
+        try:
+            memory = memory_bytes(c.pod_fixed["memory"])
+        except QuantityError as exc:
+            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.memory {c.pod_fixed['memory']!r}",
+                    "a memory quantity", str(exc), f"set {_field(c, 'memory')} to a quantity such as 320Mi")
+    if "cpu" in c.pod_fixed:
+        try:
+            cpu = cpu_cores(c.pod_fixed["cpu"])
+        except QuantityError as exc:
+            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.cpu {c.pod_fixed['cpu']!r}",
+                    "a CPU quantity", str(exc), f"set {_field(c, 'cpu')} to a quantity such as 250m")
+    return memory, cpu
+
+
+def _memory_fixes(c: _Candidate, kata: KataValues, pod_fixed_bytes: int, host_mib: int, guest_mib: int) -> str:
+    """Raise podFixed to cover default_memory, or shrink default_memory to fit podFixed.
+    `guest_mib` is the rest of the guest budget podFixed must also cover (overhead_memory)."""
+    fixes = [f"set {_field(c, 'memory')} to {format_mib(kata.default_memory_mib + host_mib)} "
+             f"(default_memory {kata.default_memory_mib} MiB + {host_mib} MiB host)"]
+    # [survey]: a VM below the fallback default_memory (256 MiB) has no room for the kernel's
+    # share and the guest daemons, so never suggest less.
+    fallback_mib = memory_bytes(defaults.FALLBACK_MEMORY) // MIB
+    fits = pod_fixed_bytes // MIB - host_mib
+    table = f"[hypervisor.{kata.hypervisor}]"
+    if fallback_mib <= fits < kata.default_memory_mib:
+        fixes.append(f"add to {c.drop_in_path} under {table}: default_memory = {fits}")
+    elif fallback_mib < kata.default_memory_mib:
+        fixes.append(f"add to {c.drop_in_path} under {table}: default_memory = {fallback_mib} "
+                     f"([survey] fallback) and set {_field(c, 'memory')} to "
+                     f"{format_mib(max(fallback_mib, guest_mib) + host_mib)}")
+    return "; or ".join(fixes)
+
+
+def _check(c: _Candidate, notes: list[str]) -> tuple[CheckedClass, list[Finding]]:
+    info = defaults.SHIMS[c.shim]
+    family = defaults.OVERHEAD_DEFAULTS[info.family]
+    host_mib, host_cpu = family.host_memory_mib, family.host_cpu
+    findings: list[Finding] = []
+
+    def finding(severity, rule, value, bound, message, fix) -> None:
+        findings.append(Finding(c.name, c.handler, severity, rule, value, bound, message, fix))
+
+    if c.overhead_enabled:
+        pod_fixed_memory, pod_fixed_cpu = _parse_pod_fixed(c, finding)
+    else:
+        pod_fixed_memory = pod_fixed_cpu = None
+        where = {
+            "shim": f"set {c.values_path}.runtimeClass.overheadEnabled (or runtimeClasses.overheadEnabled) to true",
+            "custom-runtime": f"add overhead.podFixed to {c.values_path}.runtimeClass",
+        }.get(c.source, f"add overhead.podFixed to RuntimeClass {c.name} (only pods created afterwards get it)")
+        if c.values_path and c.source == "runtime-class":
+            where = f"enable the overhead in {c.values_path} and upgrade the release"
+        finding(Severity.ERROR, Rule.OVERHEAD_DISABLED, "no overhead", "podFixed covering the VM",
+                "the RuntimeClass has no overhead: Kubernetes accounts nothing for the VM, the shim "
+                "and the VMM, so every pod's node memory is under-accounted", where)
+
+    bad: list[tuple[str, str, str]] = []
+    ignored: list[int] = []
+    kata = _apply_drop_in(info, c, notes, bad, ignored)
+    for requested in ignored:
+        finding(Severity.WARNING, Rule.GO_DEFAULT_MEMORY_IGNORED, f"default_memory {requested}",
+                f"at least {GO_MIN_DEFAULT_MEMORY_MIB} MiB", (
+                    f"the Go runtime replaces a default_memory below {GO_MIN_DEFAULT_MEMORY_MIB} MiB with "
+                    f"{defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB, so every VM boots "
+                    f"{defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB plus the limits"),
+                f"set default_memory in {c.drop_in_path} to {GO_MIN_DEFAULT_MEMORY_MIB} or more")
+    for key, value, why in bad:
+        if key == "dropIn":
+            message = (f"{c.drop_in_path} cannot be read: {why}; Kata fails to load this "
+                       "configuration, so no pod of this class starts")
+            fix = f"correct the TOML in {c.drop_in_path}"
+        else:
+            message = f"{c.drop_in_path}: {key} = {value} is not usable: {why}"
+            fix = f"correct {key} in {c.drop_in_path}"
+        finding(Severity.ERROR, Rule.DROP_IN_INVALID, value, "valid TOML" if key == "dropIn" else key, message, fix)
+
+    checked = CheckedClass(c.name, c.handler, c.shim, info.runtime, c.source, c.values_path,
+                           c.overhead_enabled, pod_fixed_memory, pod_fixed_cpu, kata)
+    if kata is None:
+        return checked, findings
+
+    mem_bytes = pod_fixed_memory or 0
+    cpu = pod_fixed_cpu or Decimal(0)
+    pf_mem = f"podFixed.memory {_show_memory(pod_fixed_memory)}"
+    pf_cpu = f"podFixed.cpu {_show_cpu(pod_fixed_cpu)}"
+    table = f"[hypervisor.{kata.hypervisor}]"
+    rust_static = info.runtime is Runtime.RUST and kata.static_sandbox_resource_mgmt
+    if info.runtime is Runtime.RUST and not rust_static:
+        notes.append(f"{c.name}: static_sandbox_resource_mgmt is false, so runtime-rs sizes the VM as "
+                     "default_memory plus hot-plugged limits; checked with the default_memory rule")
+
+    if rust_static:
+        ov_mem, ov_cpu = kata.overhead_memory_mib, kata.overhead_vcpus
+        if ov_mem == 0 and kata.default_memory_mib == 0:
+            finding(Severity.ERROR, Rule.SANDBOX_MEMORY_ZERO, "overhead_memory 0, default_memory 0",
+                    "a non-zero memory", (
+                        f"computed sandbox memory is 0 MiB for hypervisor {kata.hypervisor}; set a non-zero "
+                        "memory limit or configure non-zero default_memory/overhead_memory "
+                        "(Kata refuses pods without a memory limit)"),
+                    f"add to {c.drop_in_path} under {table}: overhead_memory = "
+                    f"{info.shipped_overhead_memory_mib} ([rs-make] shipped) and default_memory = "
+                    f"{memory_bytes(defaults.FALLBACK_MEMORY) // MIB} ([survey] fallback)")
+        if c.overhead_enabled:
+            if not mem_bytes > ov_mem * MIB:
+                finding(Severity.ERROR, Rule.RUST_POD_FIXED_MEMORY, pf_mem, f"overhead_memory {ov_mem} MiB", (
+                    f"{pf_mem} must be above overhead_memory {ov_mem} MiB: podFixed covers the guest side "
+                    "(overhead_memory) plus the host side, so the node is overcommitted by every pod"),
+                    f"set {_field(c, 'memory')} to {format_mib(ov_mem + host_mib)} "
+                    f"(overhead_memory {ov_mem} MiB + {host_mib} MiB host)")
+            if not cpu > ov_cpu:
+                finding(Severity.ERROR, Rule.RUST_POD_FIXED_CPU, pf_cpu, f"overhead_vcpus {format_vcpus(ov_cpu)}", (
+                    f"{pf_cpu} must be above overhead_vcpus {format_vcpus(ov_cpu)}: podFixed covers the "
+                    "guest side (overhead_vcpus) plus the host side"),
+                    f"set {_field(c, 'cpu')} to {format_cpu(ov_cpu + host_cpu)} "
+                    f"(overhead_vcpus {format_vcpus(ov_cpu)} + {format_cpu(host_cpu)} host)")
+            if mem_bytes < (kata.default_memory_mib + host_mib) * MIB:
+                finding(Severity.WARNING, Rule.NO_LIMITS_UNDER_ACCOUNTED, pf_mem,
+                        f"default_memory {kata.default_memory_mib} MiB + {host_mib} MiB host", (
+                            f"{pf_mem} is below default_memory {kata.default_memory_mib} MiB + {host_mib} MiB "
+                            "host: pods without limits boot a VM of default_memory and are under-accounted"),
+                        _memory_fixes(c, kata, mem_bytes, host_mib, ov_mem))
+    elif c.overhead_enabled:
+        default_mib = kata.default_memory_mib
+        if not mem_bytes > default_mib * MIB:
+            short = format_memory(default_mib * MIB + host_mib * MIB - mem_bytes)
+            finding(Severity.ERROR, Rule.GO_POD_FIXED_MEMORY, pf_mem, f"default_memory {default_mib} MiB", (
+                f"{pf_mem} must be above default_memory {default_mib} MiB: every VM boots with "
+                "default_memory plus the containers' limits while Kubernetes accounts limits + "
+                f"podFixed, so every pod is under-accounted by about {short}"),
+                _memory_fixes(c, kata, mem_bytes, host_mib, 0))
+        elif mem_bytes < (default_mib + host_mib) * MIB:
+            finding(Severity.WARNING, Rule.GO_HOST_UNCOVERED, pf_mem,
+                    f"default_memory {default_mib} MiB + {host_mib} MiB host", (
+                        f"{pf_mem} covers default_memory {default_mib} MiB but not the host side "
+                        f"(shim, VMM, virtiofsd; about {host_mib} MiB [survey])"),
+                    f"set {_field(c, 'memory')} to {format_mib(default_mib + host_mib)} "
+                    f"(default_memory {default_mib} MiB + {host_mib} MiB host)")
+
+    if not kata.sandbox_cgroup_only:
+        finding(Severity.WARNING, Rule.SANDBOX_CGROUP_ONLY, "sandbox_cgroup_only false", "sandbox_cgroup_only true",
+                "the shim and the VMM run outside the pod cgroup (in /kata_overhead), so the pod's "
+                "accounting is not enforced on them",
+                f"add to {c.drop_in_path} under [runtime]: sandbox_cgroup_only = true")
+    return checked, findings
+
+
+def _run(candidates: list[_Candidate], notes: list[str], findings: list[Finding]) -> AuditReport:
+    report = AuditReport(findings=findings)
+    for candidate in candidates:
+        checked, found = _check(candidate, notes)
+        report.checked.append(checked)
+        report.findings.extend(found)
+    # A drop-in shared by a values class and its live RuntimeClasses notes the same thing twice.
+    report.notes = list(dict.fromkeys(notes))
+    return report
+
+
+def _same_pod_fixed(a: dict, b: dict) -> bool:
+    try:
+        return (
+            {k: memory_bytes(v) for k, v in a.items() if k == "memory"}
+            == {k: memory_bytes(v) for k, v in b.items() if k == "memory"}
+            and {k: cpu_cores(v) for k, v in a.items() if k == "cpu"}
+            == {k: cpu_cores(v) for k, v in b.items() if k == "cpu"}
+        )
+    except (QuantityError, AttributeError, TypeError):
+        return a == b
+
+
+# --- public API ------------------------------------------------------------------------
+
+
+def audit_values(values: dict, runtime_classes: list[dict]) -> AuditReport:
+    """Audit a kata-deploy values file and the RuntimeClasses found in the cluster.
+
+    A live RuntimeClass whose handler is one the values describe takes their drop-in but
+    its own podFixed, since that is what Kubernetes uses."""
+    if not isinstance(values, dict):
+        raise AuditError("the values are not a mapping (a kata-deploy Helm values file)")
+    notes: list[str] = []
+    findings: list[Finding] = []
+    shim_candidates, creates = _shim_candidates(values, notes)
+    custom = _custom_candidates(values, notes, findings)
+    suffix = str(_set(_mapping(values.get("env")), "multiInstallSuffix", "") or "")
+    by_handler: dict[str, _Candidate] = {}
+    for candidate in [*shim_candidates, *custom]:
+        by_handler.setdefault(candidate.handler, candidate)
+
+    live: list[_Candidate] = []
+    replaced: set[str] = set()
+    ignored: list[str] = []
+    for rc in runtime_classes:
+        fields = _live_fields(rc)
+        if fields is None:
+            kind = rc.get("kind") if isinstance(rc, dict) else type(rc).__name__
+            notes.append(f"ignored an object that is not a RuntimeClass with a handler (kind {kind})")
+            continue
+        name, handler, pod_fixed, enabled = fields
+        described = by_handler.get(handler)
+        if described is not None:
+            replaced.add(handler)
+            if enabled and described.overhead_enabled and not _same_pod_fixed(pod_fixed, described.pod_fixed):
+                notes.append(f"RuntimeClass {name}: the cluster has podFixed {_describe(pod_fixed)}, the values "
+                             f"give {_describe(described.pod_fixed)}; the live object is what Kubernetes uses")
+            live.append(replace(described, name=name, source="runtime-class",
+                                pod_fixed=pod_fixed, overhead_enabled=enabled))
+            continue
+        shim = _shim_of_handler(handler, suffix)
+        if shim is None:
+            ignored.append(name)
+            continue
+        if shim in defaults.OUT_OF_SCOPE_SHIMS:
+            notes.append(f"RuntimeClass {name}: {defaults.OUT_OF_SCOPE_SHIMS[shim]}; not audited")
+            continue
+        notes.append(f"RuntimeClass {name} (handler {handler}) is not described by the values; "
+                     f"checked against shim {shim}'s shipped defaults (its drop-in, if any, is unknown)")
+        live.append(_live_only_candidate(name, handler, shim, pod_fixed, enabled))
+    if ignored:
+        notes.append(f"RuntimeClasses without a Kata handler, not audited: {', '.join(ignored)}")
+
+    from_values = [
+        c for c in [*(shim_candidates if creates else []), *custom] if c.handler not in replaced
+    ]
+    return _run([*from_values, *live], notes, findings)
+
+
+def audit_runtime_classes(runtime_classes: list[dict], managed_names: set[str]) -> list[Finding]:
+    """Findings for live RuntimeClasses with a `kata-<shim>` handler that no policy manages,
+    checked against that shim's shipped defaults (no values file is known)."""
+    candidates = []
+    for rc in runtime_classes:
+        fields = _live_fields(rc)
+        if fields is None:
+            continue
+        name, handler, pod_fixed, enabled = fields
+        shim = _shim_of_handler(handler)
+        if name in managed_names or shim is None or shim not in defaults.SHIMS:
+            continue
+        candidates.append(_live_only_candidate(name, handler, shim, pod_fixed, enabled))
+    return _run(candidates, [], []).findings
+
+
+def format_text(report: AuditReport) -> str:
+    """One line per finding, then a table of the checked runtime classes."""
+    lines = [f"{f.severity}: {f}" for f in report.findings]
+    if lines:
+        lines.append("")
+    header = ("RUNTIMECLASS", "HANDLER", "SHIM", "RUNTIME", "PODFIXED", "DEFAULT_MEMORY", "OVERHEAD", "CGROUP_ONLY",
+              "FINDINGS")
+    rows = [header]
+    for c in report.checked:
+        count = sum(1 for f in report.findings if f.runtime_class == c.name and f.handler == c.handler)
+        kata = c.kata
+        overhead = "-"
+        if kata and kata.overhead_memory_mib is not None and c.runtime is Runtime.RUST:
+            overhead = f"{format_vcpus(kata.overhead_vcpus)}/{kata.overhead_memory_mib}MiB"
+        rows.append((
+            c.name,
+            c.handler,
+            c.shim,
+            c.runtime.value,
+            f"{_show_cpu(c.pod_fixed_cpu)}/{_show_memory(c.pod_fixed_memory_bytes)}" if c.overhead_enabled else "none",
+            f"{kata.default_memory_mib}MiB" if kata else "?",
+            overhead,
+            str(kata.sandbox_cgroup_only).lower() if kata else "?",
+            str(count),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append(f"{len(report.checked)} runtime classes checked: {len(report.errors)} errors, "
+                 f"{len(report.warnings)} warnings")
+    return "\n".join(lines) + "\n"
