@@ -11,6 +11,9 @@ Sources (see README "Where the defaults come from"):
                guest daemons < 56-70 MiB, kernel-kept memory linear in VM size,
                host side constant at about 50 MiB; recommends default_memory 256Mi,
                podFixed 320Mi and sandbox_cgroup_only = true.
+- [go-src]     src/runtime/virtcontainers/hypervisor.go (MinHypervisorMemory = 256) and
+               src/runtime/pkg/katautils/config.go defaultMemSz(): the Go runtime silently
+               replaces a default_memory below 256 MiB with its built-in 2048 MiB.
 - [rs-ratio]   Kata derived the runtime-rs overhead_* defaults as about 80% of the Pod
                Overhead, so the host side is about 20% of podFixed.
 """
@@ -88,6 +91,9 @@ FALLBACK_MEMORY = "256Mi"
 # [go-make]/[rs-make]: what an unconfigured shim boots with.
 SHIPPED_DEFAULT_MEMORY_MIB = 2048
 SHIPPED_DEFAULT_VCPUS = 1
+
+# [go-src]: the smallest default_memory the Go runtime keeps; below it the VM gets 2048 MiB.
+GO_MIN_DEFAULT_MEMORY_MIB = 256
 
 # [survey]: sandbox_cgroup_only = true so the pod cgroup really holds shim and VMM.
 SANDBOX_CGROUP_ONLY = True

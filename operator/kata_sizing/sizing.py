@@ -190,9 +190,11 @@ def _size_class(
     else:
         overhead_vcpus = None
         overhead_memory = None
+        # A smaller default_memory would be replaced by 2048 MiB in the Go runtime [go-src].
         default_memory = (
             mib_ceil(memory_bytes(size_class.default_memory))
-            if size_class.default_memory is not None else budget
+            if size_class.default_memory is not None
+            else max(budget, defaults.GO_MIN_DEFAULT_MEMORY_MIB)
         )
         pod_fixed_cpu = fn.guest_cpu + fn.host_cpu
         pod_fixed_memory = default_memory + fn.host_memory_mib
@@ -253,6 +255,12 @@ def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> 
                     f"podFixed.memory {pf_mem} must be above default_memory "
                     f"{format_mib(sized.default_memory_mib)}: in the Go runtime default_memory "
                     "is the guest budget and podFixed must cover it plus the host side")))
+            if sized.default_memory_mib < defaults.GO_MIN_DEFAULT_MEMORY_MIB:
+                problems.append(Problem(Severity.ERROR, path, (
+                    f"default_memory {format_mib(sized.default_memory_mib)} is below "
+                    f"{format_mib(defaults.GO_MIN_DEFAULT_MEMORY_MIB)}: the Go runtime replaces it "
+                    f"with its built-in {defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB, so every VM of "
+                    "this class is larger than podFixed accounts")))
         if sized.largest_vm.memory_mib <= 0:
             problems.append(Problem(Severity.ERROR, path, (
                 "the largest VM of this class has 0 MiB of memory; set a non-zero memory "
