@@ -32,7 +32,6 @@ TRANSIENT_BACKOFF_S = (0.2, 0.5, 1, 2, 5, 10, 30)
 DRIFT_RETRIES = 4
 ANNOTATION_PREFIX = "katasizing.dev"
 FINALIZER = "katasizing.dev/cleanup"
-MANAGED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 
 
 def _event_sink(ref: dict, type_: str, reason: str, message: str) -> None:
@@ -202,8 +201,12 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.on.delete(*policies, registry=registry, id="cleanup")(delete_policy)
     kopf.index("", "v1", "nodes", registry=registry, id="node_index")(index_nodes)
     kopf.index("", "v1", "pods", registry=registry, id="pod_index")(index_pods)
-    kopf.on.event("node.k8s.io", "v1", "runtimeclasses", registry=registry, labels=MANAGED_LABELS,
+    # No client-side label filter on the drift watches: an edit that removes our managed-by
+    # label is drift too, and a filter would hide exactly that event. ConfigMaps are still
+    # selected by the API server (settings.watching.label_selectors; the label's removal
+    # arrives as DELETED); the cache decides which objects are ours to look at.
+    kopf.on.event("node.k8s.io", "v1", "runtimeclasses", registry=registry,
                   id="runtimeclass-drift")(child_changed)
-    kopf.on.event("", "v1", "configmaps", registry=registry, labels=MANAGED_LABELS,
+    kopf.on.event("", "v1", "configmaps", registry=registry,
                   id="configmap-drift")(child_changed)
     return registry

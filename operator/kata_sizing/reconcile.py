@@ -555,7 +555,10 @@ async def handle_child_event(
     want, owned = found
     deleted = event_type == "DELETED"
     if deleted:
-        have = await _read(api, key)  # the watch may lag; trust the API
+        if not is_ours(obj, desired.policy_name, desired.policy_uid):
+            return None  # somebody else's object with our name went away: the next pass creates ours
+        # Also what a label-selected watch sends when our label was removed: the watch may lag; trust the API.
+        have = await _read(api, key)
         if have is not None and not differences(want, have):
             return None
         diff = ["(deleted)"] if have is None else differences(want, have)
@@ -564,8 +567,10 @@ async def handle_child_event(
         diff = differences(want, have)
         if not diff:
             return None
-        if not is_ours(have, desired.policy_name, desired.policy_uid) and "metadata.labels" not in " ".join(diff):
-            return None
+    if have is not None and not is_ours(have, desired.policy_name, desired.policy_uid):
+        # Neither our labels nor our ownerReference: somebody else's object that has one of our
+        # names (a Conflict the next pass reports). Never overwrite it.
+        return None
     if key[0] == "RuntimeClass" and have is not None and have.get("handler") != want.get("handler"):
         if owned and desired.drift_policy == "Correct":
             await api.delete_runtime_class(key[2], (have.get("metadata") or {}).get("uid"))
