@@ -158,7 +158,7 @@ async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, resource: kopf.Re
     obj = copy.deepcopy(dict(event["object"]))
     obj["kind"] = resource.kind
     key = rc.obj_key(obj)
-    desired = memo.cache.for_child(key)
+    desired = memo.cache.for_child(key, obj)
     if desired is None:
         return
     async def count(policy: str, field_name: str) -> None:

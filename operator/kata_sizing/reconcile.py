@@ -174,12 +174,25 @@ class DesiredCache:
         if old:
             for key in [*old.owned, *old.guarded]:
                 if self.by_child.get(key) == policy_name:
-                    del self.by_child[key]
+                    other = next((d.policy_name for d in self.by_policy.values() if d.lookup(key)), None)
+                    if other:
+                        self.by_child[key] = other
+                    else:
+                        del self.by_child[key]
         return old
 
-    def for_child(self, key: ObjKey) -> Desired | None:
+    def for_child(self, key: ObjKey, live: dict | None = None) -> Desired | None:
+        """The policy that wants `key`; given the `live` object, the one it belongs to. Two
+        policies may render the same name (one of them in Conflict), and the index holds only
+        the last one put."""
         name = self.by_child.get(key)
-        return self.by_policy.get(name) if name else None
+        indexed = self.by_policy.get(name) if name else None
+        if indexed is None or live is None or is_ours(live, indexed.policy_name, indexed.policy_uid):
+            return indexed
+        for desired in self.by_policy.values():
+            if desired.lookup(key) is not None and is_ours(live, desired.policy_name, desired.policy_uid):
+                return desired
+        return indexed
 
 
 def _without_owner_references(obj: dict) -> dict:
@@ -546,7 +559,7 @@ async def handle_child_event(
 ) -> str | None:
     """A watched RuntimeClass or ConfigMap changed: put it back (Correct) or report (Report)."""
     key = obj_key(obj)
-    desired = cache.for_child(key)
+    desired = cache.for_child(key, obj)
     if desired is None:
         return None
     found = desired.lookup(key)
