@@ -261,6 +261,8 @@ async def _write_with_retry(
             return f"updated {describe(key)}"
         except Conflict:
             live = await _read(api, key)
+            if live is not None and not differences(desired, live):
+                return None  # somebody (our own earlier pass, often) already wrote what we want
         except NotFound:
             live = None
     raise Conflict(409, f"{describe(key)}: still conflicting after {CONFLICT_RETRIES} attempts")

@@ -1,0 +1,266 @@
+"""Properties over generated policies: computed values keep every invariant, the largest pod
+of each class fits its VM, and malformed input only ever yields a clean PolicyError / exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+import tempfile
+import tomllib
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from kata_sizing import defaults
+from kata_sizing.cli import main
+from kata_sizing.defaults import Runtime
+from kata_sizing.model import PolicyError, parse_policy
+from kata_sizing.quantity import MIB, memory_bytes
+from kata_sizing.render import render_policy
+from kata_sizing.sizing import explain_pod, size_policy
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+dns_labels = st.from_regex(r"\A[a-z]([a-z0-9-]{0,6}[a-z0-9])?\Z")
+
+
+def _decimal_text(low: int, high: int, places: int) -> st.SearchStrategy[str]:
+    """A decimal string in [low, high] / 10**places, written as a user would ("0.14")."""
+    return st.integers(low, high).map(lambda n: format(Decimal(n).scaleb(-places).normalize(), "f"))
+
+
+overhead_functions = st.fixed_dictionaries({}, optional={
+    "guestMemoryBase": st.integers(0, 1024).map(lambda n: f"{n}Mi"),
+    "guestMemoryRatio": _decimal_text(0, 600, 3),
+    "guestCpu": st.integers(0, 2000).map(lambda n: f"{n}m"),
+    "hostMemory": st.integers(1, 256).map(lambda n: f"{n}Mi"),
+    "hostCpu": st.integers(1, 1000).map(lambda n: f"{n}m"),
+    "margin": _decimal_text(0, 100, 2),
+})
+
+
+@st.composite
+def class_lists(draw):
+    count = draw(st.integers(1, 5))
+    names = draw(st.lists(dns_labels, min_size=count, max_size=count, unique=True))
+    memories_mib = sorted(draw(st.lists(st.integers(1, 256 * 1024), min_size=count, max_size=count, unique=True)))
+    classes = []
+    for name, memory_mib in zip(names, memories_mib):
+        memory = f"{memory_mib // 1024}Gi" if memory_mib % 1024 == 0 else f"{memory_mib}Mi"
+        cpu = draw(st.integers(100, 64000).map(lambda m: f"{m}m" if m % 1000 else str(m // 1000)))
+        classes.append({"name": name, "cpu": cpu, "memory": memory})
+    return classes
+
+
+@st.composite
+def valid_policies(draw) -> dict:
+    spec: dict = {"shim": draw(st.sampled_from(sorted(defaults.SHIMS)))}
+    runtime = draw(st.sampled_from([None, "Rust", "Go"]))
+    if runtime:
+        spec["runtime"] = runtime
+    spec["overhead"] = draw(overhead_functions)
+    if draw(st.booleans()):
+        spec["classes"] = draw(class_lists())
+    if draw(st.booleans()):
+        spec["fallback"] = {"cpu": str(draw(st.integers(1, 8))), "memory": f"{draw(st.integers(1, 4096))}Mi"}
+    spec["hugepages"] = draw(st.booleans())
+    spec["sandboxCgroupOnly"] = draw(st.booleans())
+    return {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy",
+            "metadata": {"name": draw(dns_labels)}, "spec": spec}
+
+
+def _unusable_mib(sizing, vm_mib: int) -> Fraction:
+    """The overhead function without its margin: what a VM of vm_mib keeps from the workload."""
+    fn = sizing.overhead
+    return fn.guest_memory_base_mib + Fraction(fn.guest_memory_ratio) * vm_mib
+
+
+@SETTINGS
+@given(document=valid_policies())
+def test_computed_values_keep_every_invariant(document):
+    sizing = size_policy(parse_policy(document))
+    # Only explicit per-class values (never generated here) may break a rule, or warn.
+    assert sizing.problems == ()
+    for sized in sizing.classes:
+        if sizing.runtime is Runtime.RUST:
+            assert sized.pod_fixed_memory_mib > sized.overhead_memory_mib
+            assert sized.pod_fixed_cpu > sized.overhead_vcpus
+            assert sized.pod_fixed_memory_mib >= sized.default_memory_mib + sizing.overhead.host_memory_mib
+            assert sized.default_maxmemory_mib >= sized.default_memory_mib
+        else:
+            assert sized.pod_fixed_memory_mib > sized.default_memory_mib
+        assert sized.pod_fixed_memory_mib > sized.guest_budget_mib
+        assert sized.guest_budget_mib % 2 == 0
+
+
+@SETTINGS
+@given(document=valid_policies())
+def test_largest_pod_of_each_class_fits_its_vm(document):
+    sizing = size_policy(parse_policy(document))
+    for sized in sizing.classes:
+        envelope = next(c for c in sizing.policy.spec.effective_classes if c.name == sized.name)
+        limit_bytes = memory_bytes(envelope.memory)
+        limit_mib = math.ceil(Fraction(limit_bytes, MIB))
+        explanation = explain_pod(sizing, sized.name, sized.envelope_cpu, limit_bytes)
+        vm_mib = explanation.vm.memory_mib
+        budget = sized.overhead_memory_mib if sizing.runtime is Runtime.RUST else sized.default_memory_mib
+        assert vm_mib - limit_mib >= budget
+        assert _unusable_mib(sizing, vm_mib) <= budget
+        # The whole limit stays usable inside the VM.
+        assert vm_mib - _unusable_mib(sizing, vm_mib) >= limit_mib
+        assert explanation.vm.vcpus >= math.ceil(sized.envelope_cpu)
+        assert explanation.vm == sized.largest_vm
+        # Kubernetes accounts at least the VM: the node is not overcommitted by such a pod.
+        assert explanation.accounted_memory_bytes >= vm_mib * MIB
+        assert not [w for w in explanation.warnings if "overcommitted" in w or "envelope" in w]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=valid_policies())
+def test_valid_policies_render_documents_that_parse(document):
+    rendered = render_policy(parse_policy(document))
+    values = yaml.safe_load(rendered.values_yaml)
+    assert len(values["customRuntimes"]["runtimes"]) == len(rendered.sizing.classes)
+    for text in rendered.drop_ins.values():
+        hypervisor = tomllib.loads(text)["hypervisor"][rendered.sizing.hypervisor]
+        assert hypervisor["default_memory"] > 0
+
+
+# --- malformed input -------------------------------------------------------------------------
+
+scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
+           | st.text(max_size=12) | st.sampled_from(["1Gi", "-1Gi", "0", "5Zi", "1e1000000", "auto", "qemu",
+                                                     "remote", "Rust", "0.9", "nan", "", "s"]))
+junk = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=16)
+
+SPEC_KEYS = ["shim", "runtime", "hypervisor", "sandboxCgroupOnly", "hugepages", "overhead", "fallback",
+             "classes", "runtimeClass", "nodes", "output", "driftPolicy"]
+CLASS_KEYS = ["name", "cpu", "memory", "overheadVcpus", "overheadMemory", "defaultVcpus", "defaultMemory",
+              "podFixed"]
+
+junk_classes = st.lists(st.dictionaries(st.sampled_from(CLASS_KEYS), junk, max_size=8), max_size=3)
+junk_specs = st.dictionaries(st.sampled_from(SPEC_KEYS), junk, max_size=6).flatmap(
+    lambda spec: st.builds(lambda classes: {**spec, "classes": classes}, junk_classes) if "classes" in spec
+    else st.just(spec))
+junk_documents = (
+    junk
+    | st.fixed_dictionaries({"metadata": st.dictionaries(st.sampled_from(["name", "uid", "generation"]), junk),
+                             "spec": junk_specs})
+    | st.fixed_dictionaries({"metadata": st.just({"name": "p"}), "spec": junk_specs})
+)
+
+
+def _paths(node, prefix=()):
+    """Every (path, value) in a nested document."""
+    yield prefix, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _paths(value, (*prefix, index))
+
+
+def _set(document, path, value):
+    target = document
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+
+
+@st.composite
+def mutated_policies(draw) -> tuple[dict, bool]:
+    """A valid policy with one change; the flag says whether the change must make it invalid."""
+    document = copy.deepcopy(draw(valid_policies()))
+    paths = [p for p, _ in _paths(document) if p]
+    kind = draw(st.sampled_from(["replace", "unknown-key", "drop-required", "bad-name"]))
+    if kind == "replace":
+        _set(document, draw(st.sampled_from(paths)), draw(junk))
+        return document, False
+    if kind == "unknown-key":
+        containers = [p for p, v in _paths(document) if isinstance(v, dict)]
+        path = draw(st.sampled_from(containers))
+        target = document
+        for part in path:
+            target = target[part]
+        key = draw(st.text(min_size=1, max_size=8).filter(lambda k: k not in target))
+        if path == ():
+            target[key] = 1
+        else:
+            target[key] = draw(junk)
+        # An unknown key anywhere in metadata passes (live objects carry many); elsewhere it is refused.
+        return document, path[:1] != ("metadata",)
+    if kind == "drop-required":
+        del document["spec"]["shim"]
+        return document, True
+    document["metadata"]["name"] = draw(st.sampled_from(["Bad_Name", "-x", "x" * 64, ""]))
+    return document, True
+
+
+def _parse_outcome(document) -> str:
+    try:
+        parse_policy(document)
+    except PolicyError as error:
+        assert error.problems and all(isinstance(p, str) and p for p in error.problems)
+        assert all("\n" not in p for p in error.problems)
+        return "invalid"
+    return "valid"
+
+
+@SETTINGS
+@given(document=junk_documents)
+def test_junk_is_a_policy_error_never_another_exception(document):
+    _parse_outcome(document)
+
+
+@SETTINGS
+@given(case=mutated_policies())
+def test_mutated_policies_are_a_policy_error_never_another_exception(case):
+    document, must_fail = case
+    outcome = _parse_outcome(document)
+    if must_fail:
+        assert outcome == "invalid"
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    assert "Traceback" not in err.getvalue()
+    return code, err.getvalue()
+
+
+def _cli_outcomes(text: str) -> list[tuple[int, str]]:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "policy.yaml"
+        path.write_text(text)
+        return [_cli("validate", str(path)), _cli("render", str(path))]
+
+
+@SETTINGS
+@given(document=junk_documents | mutated_policies().map(lambda case: case[0]))
+def test_cli_on_malformed_policies_exits_cleanly(document):
+    try:
+        text = yaml.safe_dump(document)
+    except yaml.YAMLError:
+        assume(False)
+    valid = _parse_outcome(document) == "valid"
+    for code, err in _cli_outcomes(text):
+        assert code in ((0, 1) if valid else (1, 2))
+        if code:
+            assert err and all(line.startswith(("error: ", "warning: ", "note: ")) for line in err.splitlines())
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=200))
+def test_cli_on_arbitrary_text_exits_1_or_2(text):
+    for code, err in _cli_outcomes(text):
+        assert code in (1, 2)
+        assert err.startswith("error: ")
