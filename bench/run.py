@@ -1,0 +1,135 @@
+"""`make bench`: kata-sizing's performance figures against their targets.
+
+Each section is a function `(report, quick) -> None` that calls
+`report(what, figure, target, verdict)` once per line; nothing here asserts, a miss is
+printed as MISS. Sections live in SECTIONS (add yours there); pick some with
+`bench/run.py --only core,guidance`, shorten the slow ones with `--quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+Report = Callable[[str, str, str, str], None]
+
+RENDER_TARGET_MS = 5.0
+COLD_START_TARGET_MS = 400.0
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (p95 of 200 runs is the 190th fastest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _timed_ms(action: Callable[[], object], runs: int) -> list[float]:
+    action()  # warm caches (templates, pydantic validators) as a long-running process has them
+    timings = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()
+        timings.append((time.perf_counter() - start) * 1000)
+    return timings
+
+
+def bench_core(report: Report, quick: bool = False) -> None:
+    """In-process render per policy, and the CLI's cold start."""
+    import yaml
+
+    from kata_sizing.guidance import NodeFacts
+    from kata_sizing.model import parse_policy
+    from kata_sizing.render import render_policy
+
+    runs = 50 if quick else 200
+    policies = {
+        f"examples/{path.name}": parse_policy(yaml.safe_load(path.read_text()))
+        for path in sorted((ROOT / "examples").glob("*.yaml"))
+    }
+    policies["default s/m/l/xl (qemu-runtime-rs)"] = parse_policy(
+        {"metadata": {"name": "bench"}, "spec": {"shim": "qemu-runtime-rs"}})
+    for name, policy in policies.items():
+        timings = _timed_ms(lambda policy=policy: render_policy(policy), runs)
+        median, p95 = statistics.median(timings), percentile(timings, 0.95)
+        report(f"render {name} ({len(policy.spec.effective_classes)} classes), median",
+               f"{median:.2f} ms", f"< {RENDER_TARGET_MS:g} ms", verdict(median < RENDER_TARGET_MS))
+        report(f"render {name}, p95 of {runs}",
+               f"{p95:.2f} ms", f"< {RENDER_TARGET_MS:g} ms", verdict(p95 < RENDER_TARGET_MS))
+
+    node = NodeFacts(name="node", capacity_memory_bytes=256 * 2**30)
+    default = policies["default s/m/l/xl (qemu-runtime-rs)"]
+    timings = _timed_ms(lambda: render_policy(default, nodes=[node]), runs)
+    report("render default policy + guidance for one 256Gi node, median",
+           f"{statistics.median(timings):.2f} ms", "", "")
+
+    script = Path(sys.executable).parent / "kata-sizing"
+    argv = [str(script), "render", str(ROOT / "examples" / "qemu-runtime-rs.yaml")]
+    samples = 5 if quick else 10
+    subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)  # bytecode compiled once, as installed
+    cold = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
+        cold.append((time.perf_counter() - start) * 1000)
+    median = statistics.median(cold)
+    report(f"kata-sizing render examples/qemu-runtime-rs.yaml, cold start, median of {samples}",
+           f"{median:.0f} ms", f"< {COLD_START_TARGET_MS:g} ms", verdict(median < COLD_START_TARGET_MS))
+
+
+def _external(module: str, function: str) -> Callable[[Report, bool], None]:
+    """A section from another bench module, imported only when it runs."""
+
+    def section(report: Report, quick: bool = False) -> None:
+        getattr(importlib.import_module(module), function)(report, quick=quick)
+
+    return section
+
+
+SECTIONS: dict[str, Callable[[Report, bool], None]] = {
+    "core": bench_core,
+    "guidance": _external("bench.guidance_bench", "bench_guidance"),
+    "operator": _external("bench.operator_bench", "bench_operator"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", metavar="SECTION[,SECTION]",
+                        help=f"run only these sections (of: {', '.join(SECTIONS)})")
+    parser.add_argument("--quick", action="store_true", help="fewer runs; skip the slowest parts")
+    args = parser.parse_args(argv)
+    chosen = list(SECTIONS)
+    if args.only:
+        chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = [name for name in chosen if name not in SECTIONS]
+        if unknown:
+            parser.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+
+    def report(what: str, figure: str, target: str, result: str) -> None:
+        print(f"  {what:<78} {figure:>12} {target:>10} {result}", flush=True)
+
+    for name in chosen:
+        print(f"[{name}]", flush=True)
+        try:
+            SECTIONS[name](report, args.quick)
+        except Exception as exc:  # one broken section must not hide the others' figures
+            report(f"section {name} did not finish: {type(exc).__name__}: {exc}", "", "", "ERROR")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
