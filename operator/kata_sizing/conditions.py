@@ -31,6 +31,7 @@ EVENT_DRIFT_DETECTED = "DriftDetected"
 EVENT_CONFLICT = "Conflict"
 EVENT_DELETED = "Deleted"
 EVENT_WARNING = "PolicyWarning"
+EVENT_UNMANAGED = "UnmanagedRuntimeClassAudit"
 
 
 def now_rfc3339() -> str:

@@ -16,6 +16,8 @@ import kopf
 from . import defaults
 from . import reconcile as rc
 from .cluster import facts_for_nodes, summarize_node, summarize_pod
+from .audit import audit_runtime_classes
+from .informer import Informer
 from .kube import ApiError, KubeApi, PermanentApiError, TransientApiError
 from .model import GROUP, PLURAL, VERSION
 from .render import MANAGED_BY, MANAGED_BY_LABEL
@@ -57,9 +59,21 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     memo.cache = rc.DesiredCache()
     memo.locks = {}
     memo.node_facts = {}
+    memo.nodes = Informer(memo.api, "nodes", summarize_node)
+    memo.pods = Informer(memo.api, "pods", summarize_pod)
+    # Every RuntimeClass, not only ours: the audit looks for Kata ones nobody manages.
+    memo.runtime_classes = Informer(memo.api, "runtimeclasses", lambda obj: obj)
+    memo.informer_tasks = [
+        asyncio.create_task(memo.nodes.run(), name="nodes-informer"),
+        asyncio.create_task(memo.pods.run(), name="pods-informer"),
+        asyncio.create_task(memo.runtime_classes.run(), name="runtimeclasses-informer"),
+    ]
 
 
 async def on_cleanup(memo: kopf.Memo, **_) -> None:
+    for task in getattr(memo, "informer_tasks", []):
+        task.cancel()
+    await asyncio.gather(*getattr(memo, "informer_tasks", []), return_exceptions=True)
     api = getattr(memo, "api", None)
     if api is not None:
         await api.close()
@@ -69,25 +83,48 @@ def _lock(memo: kopf.Memo, name: str) -> asyncio.Lock:
     return memo.locks.setdefault(name, asyncio.Lock())
 
 
-def _node_facts(body: kopf.Body, memo: kopf.Memo, node_index: kopf.Index, pod_index: kopf.Index) -> list:
+INFORMER_SYNC_TIMEOUT_S = 20
+
+
+async def _node_facts(body: kopf.Body, memo: kopf.Memo) -> list | None:
+    """Facts of the policy's nodes from the informers; None until they have synced once."""
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(memo.nodes.synced.wait(), memo.pods.synced.wait()), INFORMER_SYNC_TIMEOUT_S
+        )
+    except asyncio.TimeoutError:
+        return None
     selector = ((body.get("spec") or {}).get("nodes") or {}).get("selector")
     if selector is None:
         selector = dict(defaults.KATA_NODE_LABEL)
     kata_classes = {key[2] for key in memo.cache.by_child if key[0] == "RuntimeClass"}
-    nodes = [summary for store in node_index.values() for summary in store]
-    return facts_for_nodes(nodes, pod_index, selector, kata_classes)
+    pods_by_node: dict[str, list] = {}
+    for node_name, request in memo.pods.items.values():
+        pods_by_node.setdefault(node_name, []).append(request)
+    return facts_for_nodes(memo.nodes.items.values(), pods_by_node, selector, kata_classes)
 
 
-async def _reconcile(
-    memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int,
-    node_index: kopf.Index, pod_index: kopf.Index,
-) -> None:
+def _versions(memo: kopf.Memo) -> tuple[int, int, int]:
+    return memo.nodes.version, memo.pods.version, memo.runtime_classes.version
+
+
+def _audit(memo: kopf.Memo) -> list | None:
+    if not memo.runtime_classes.synced.is_set():
+        return None
+    managed = {key[2] for key in memo.cache.by_child if key[0] == "RuntimeClass"}
+    return audit_runtime_classes(list(memo.runtime_classes.items.values()), managed)
+
+
+async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int) -> None:
     name = body["metadata"]["name"]
     async with _lock(memo, name):
-        facts = _node_facts(body, memo, node_index, pod_index)
-        memo.node_facts[name] = tuple(facts)
+        facts = await _node_facts(body, memo)
+        memo.node_facts[name] = (_versions(memo), tuple(facts or ()))
         try:
-            await rc.reconcile(memo.api, _plain(body), trigger, memo.cache, _event_sink, nodes=facts)
+            await rc.reconcile(
+                memo.api, _plain(body), trigger, memo.cache, _event_sink, nodes=facts,
+                audit_findings=_audit(memo),
+            )
         except (TransientApiError, rc.Conflict) as exc:
             delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
@@ -95,48 +132,40 @@ async def _reconcile(
             raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
 
 
-async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, node_index: kopf.Index,
-                       pod_index: kopf.Index, **_) -> None:
-    await _reconcile(memo, body, "apply", retry, node_index, pod_index)
+async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    await _reconcile(memo, body, "apply", retry)
 
 
-async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, node_index: kopf.Index,
-                        pod_index: kopf.Index, **_) -> None:
-    await _reconcile(memo, body, "resync", retry, node_index, pod_index)
+async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    await _reconcile(memo, body, "resync", retry)
 
 
-async def resync_policy(body: kopf.Body, memo: kopf.Memo, node_index: kopf.Index,
-                        pod_index: kopf.Index, **_) -> None:
+async def resync_policy(body: kopf.Body, memo: kopf.Memo, **_) -> None:
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
     try:
-        await _reconcile(memo, body, "resync", 0, node_index, pod_index)
+        await _reconcile(memo, body, "resync", 0)
     except kopf.TemporaryError as exc:
         log.warning("resync of %s failed: %s", body["metadata"]["name"], exc)
 
 
-async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, node_index: kopf.Index,
-                           pod_index: kopf.Index, **_) -> None:
-    """Debounced: only when the facts of the policy's nodes changed since the last pass."""
+async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    """Debounced: at most once per interval, and only when the policy's node facts or the
+    cluster's RuntimeClasses (for the audit) changed."""
     name = body["metadata"]["name"]
     if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.node_facts:
         return
-    if tuple(_node_facts(body, memo, node_index, pod_index)) == memo.node_facts[name]:
+    versions, facts = memo.node_facts[name]
+    if versions == _versions(memo):
+        return
+    fresh = await _node_facts(body, memo)
+    if fresh is not None and tuple(fresh) == facts and versions[2] == memo.runtime_classes.version:
+        memo.node_facts[name] = (_versions(memo), facts)
         return
     try:
-        await _reconcile(memo, body, "resync", 0, node_index, pod_index)
+        await _reconcile(memo, body, "resync", 0)
     except kopf.TemporaryError as exc:
         log.warning("node guidance of %s not refreshed: %s", name, exc)
-
-
-async def index_nodes(name: str, body: kopf.Body, **_) -> dict | None:
-    summary = summarize_node(body)
-    return {name: summary} if summary else None
-
-
-async def index_pods(body: kopf.Body, **_) -> dict | None:
-    found = summarize_pod(body)
-    return {found[0]: found[1]} if found else None
 
 
 async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
@@ -199,8 +228,6 @@ def build_registry() -> kopf.OperatorRegistry:
         initial_delay=GUIDANCE_INTERVAL_S,
     )(refresh_guidance)
     kopf.on.delete(*policies, registry=registry, id="cleanup")(delete_policy)
-    kopf.index("", "v1", "nodes", registry=registry, id="node_index")(index_nodes)
-    kopf.index("", "v1", "pods", registry=registry, id="pod_index")(index_pods)
     # No client-side label filter on the drift watches: an edit that removes our managed-by
     # label is drift too, and a filter would hide exactly that event. ConfigMaps are still
     # selected by the API server (settings.watching.label_selectors; the label's removal

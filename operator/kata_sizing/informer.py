@@ -80,9 +80,12 @@ class Informer(Generic[T]):
                 failures = 0
             except asyncio.CancelledError:
                 raise
-            except ApiError as exc:
-                if exc.status == 410:
+            except Exception as exc:  # noqa: BLE001 - the cache must outlive any one failure
+                if isinstance(exc, ApiError) and exc.status == 410:
                     need_list = True
+                elif not isinstance(exc, ApiError):
+                    need_list = True
+                    log.exception("%s informer failed unexpectedly", self.collection)
                 delay = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
                 failures += 1
                 log.warning("%s informer: %s; retrying in %ss", self.collection, exc, delay)

@@ -222,12 +222,14 @@ class KubeApi:
     # --- raw list/watch for the informers (no model round-trip: 20,000 pods stay cheap) ---
 
     _COLLECTIONS = {
-        "nodes": "list_node_without_preload_content",
-        "pods": "list_pod_for_all_namespaces_without_preload_content",
+        "nodes": ("_core", "list_node_without_preload_content"),
+        "pods": ("_core", "list_pod_for_all_namespaces_without_preload_content"),
+        "runtimeclasses": ("_node", "list_runtime_class_without_preload_content"),
     }
 
     async def _raw(self, collection: str, **params):
-        call = getattr(self._core, self._COLLECTIONS[collection])
+        group_api, method = self._COLLECTIONS[collection]
+        call = getattr(getattr(self, group_api), method)
         try:
             response = await call(**params)
         except ApiException as exc:
@@ -256,7 +258,7 @@ class KubeApi:
         """Watch events ({type, object}) from a resourceVersion until the server ends the stream."""
         response = await self._raw(
             collection, watch=True, resource_version=resource_version, timeout_seconds=timeout_s,
-            allow_watch_bookmarks=True, _request_timeout=(REQUEST_TIMEOUT_S, timeout_s + REQUEST_TIMEOUT_S),
+            allow_watch_bookmarks=True, _request_timeout=timeout_s + REQUEST_TIMEOUT_S,
         )
         try:
             async for line in response.content:

@@ -404,6 +404,17 @@ class OverheadStatus(_Model):
     fitted: bool = Field(default=False, description="True when fitted from spec.overhead.samples.")
 
 
+class UnmanagedRuntimeClass(_Model):
+    """A RuntimeClass with a Kata handler that no policy manages, and what is wrong with it."""
+
+    runtime_class: str
+    handler: str | None = None
+    severity: Literal["error", "warning"]
+    rule: str
+    message: str
+    fix: str = ""
+
+
 class KataSizingPolicyStatus(_Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -413,6 +424,10 @@ class KataSizingPolicyStatus(_Model):
     warnings: list[str] = Field(default_factory=list)
     overhead: OverheadStatus | None = None
     nodes: NodesStatus | None = None
+    unmanaged_runtime_classes: list[UnmanagedRuntimeClass] = Field(
+        default_factory=list,
+        description="Audit of Kata RuntimeClasses on the cluster that no policy manages.",
+    )
 
 
 class KataSizingPolicy(_Model):

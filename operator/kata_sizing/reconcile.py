@@ -17,7 +17,7 @@ from . import conditions as cond
 from .kube import Conflict, Invalid, NotFound
 from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from .quantity import QuantityError, parse_quantity
-from .render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, render_policy
+from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, configmap_names, render_policy
 from .guidance import NodeFacts
 from .sizing import PolicySizing, Severity, size_policy
 
@@ -141,6 +141,7 @@ class Desired:
     generation: int | None
     drift_policy: str
     ref: dict
+    namespace: str
     # Objects the operator creates and owns.
     owned: dict[ObjKey, dict]
     # KataDeploy mode: RuntimeClasses the chart creates; the operator guards their fields.
@@ -217,6 +218,7 @@ def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> D
         generation=policy.metadata.generation,
         drift_policy=policy.spec.drift_policy,
         ref=policy_ref(body),
+        namespace=policy.spec.output.namespace,
         owned=owned,
         guarded=guarded,
         sizing=rendered.sizing,
@@ -236,6 +238,7 @@ class PassResult:
     invalid: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     nodes: dict | None = None
+    unmanaged: list[dict] | None = None
 
 
 async def _write_with_retry(
@@ -351,9 +354,13 @@ async def apply_desired(api, desired: Desired, trigger: Trigger, cache: DesiredC
             _report_once(cache, sink, desired, key, have, diff)
 
     wanted = set(desired.owned) | set(desired.guarded)
+    guidance_name = configmap_names(desired.policy_name)["guidance"]
+    guidance_rendered = any(k[0] == "ConfigMap" and k[2] == guidance_name for k in desired.owned)
     for key, have in live.items():
         if key in wanted:
             continue
+        if key[0] == "ConfigMap" and key[2] == guidance_name and not guidance_rendered and key[1] == desired.namespace:
+            continue  # node facts not known yet (informers syncing): keep the last guidance
         if key[0] == "RuntimeClass" and key not in desired.owned and desired.guarded:
             continue  # the chart's object (KataDeploy mode): never deleted by the operator
         await _delete(api, key, (have.get("metadata") or {}).get("uid"))
@@ -393,7 +400,15 @@ def class_status(sizing: PolicySizing) -> list[dict]:
     return rows
 
 
-OWNED_STATUS_FIELDS = ("observedGeneration", "conditions", "classes", "warnings", "overhead", "nodes")
+OWNED_STATUS_FIELDS = (
+    "observedGeneration", "conditions", "classes", "warnings", "overhead", "nodes", "unmanagedRuntimeClasses",
+)
+
+
+def unmanaged_status(findings) -> list[dict]:
+    keys = ("runtimeClass", "handler", "severity", "rule", "message", "fix")
+    rows = [{k: v for k, v in f.as_dict().items() if k in keys and v is not None} for f in findings]
+    return sorted(rows, key=lambda r: (r["runtimeClass"], r["rule"]))
 
 
 def overhead_status(sizing: PolicySizing) -> dict:
@@ -471,6 +486,9 @@ def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) 
     nodes = result.nodes if result.nodes is not None else previous.get("nodes")
     if nodes is not None:
         status["nodes"] = nodes
+    unmanaged = result.unmanaged if result.unmanaged is not None else previous.get("unmanagedRuntimeClasses")
+    if unmanaged is not None:
+        status["unmanagedRuntimeClasses"] = unmanaged
     return status
 
 
@@ -485,6 +503,7 @@ def status_changed(body: dict, status: dict) -> bool:
 async def reconcile(
     api, body: dict, trigger: Trigger, cache: DesiredCache, sink: EventSink,
     nodes: list[NodeFacts] | None = None,
+    audit_findings: list | None = None,
 ) -> PassResult:
     """One pass for one policy: validate, render, apply the difference, write status if changed."""
     name = (body.get("metadata") or {}).get("name")
@@ -519,6 +538,14 @@ async def reconcile(
     applied = await apply_desired(api, desired, trigger, cache, sink)
     applied.warnings = result.warnings + [f"node guidance: {e}" for e in guidance_errors]
     applied.nodes = nodes_status(rendered) if nodes is not None else None
+    if audit_findings is not None:
+        applied.unmanaged = unmanaged_status(audit_findings)
+        if applied.unmanaged and applied.unmanaged != (body.get("status") or {}).get("unmanagedRuntimeClasses"):
+            errors = [r for r in applied.unmanaged if r["severity"] == "error"]
+            sink(ref, "Warning" if errors else "Normal", cond.EVENT_UNMANAGED, (
+                f"{len(applied.unmanaged)} finding(s) on Kata RuntimeClasses no policy manages "
+                f"({len(errors)} error(s)); see status.unmanagedRuntimeClasses. First: "
+                f"{applied.unmanaged[0]['runtimeClass']}: {applied.unmanaged[0]['message']}"))
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
     if applied.conflicts:
