@@ -1,0 +1,32 @@
+# ---- Operator scenario fixtures (tests/test_operator_*.py, tests/test_rbac_coverage.py) ----
+# An emulator with the real operator; see tests/operator_helpers.py. Other fixture blocks may
+# follow; keep this one self-contained.
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness import running_emulator
+from tests.operator_helpers import OperatorCluster
+
+
+def _operator_cluster(tmp_path, monkeypatch, **emulator_options) -> Iterator[OperatorCluster]:
+    with running_emulator(tmp_path, **emulator_options) as emu:
+        cluster = OperatorCluster(emu, monkeypatch)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()  # before the emulator goes away; re-raises an operator crash
+    assert not emu.server_errors, f"the emulator itself failed: {emu.server_errors!r}"
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch) -> Iterator[OperatorCluster]:
+    """The emulator (with its garbage collector) and a not yet started operator: `cluster.start()`."""
+    yield from _operator_cluster(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def cluster_without_gc(tmp_path, monkeypatch) -> Iterator[OperatorCluster]:
+    """As `cluster`, but ownerReferences are not garbage-collected: only the operator's cleanup removes."""
+    yield from _operator_cluster(tmp_path, monkeypatch, garbage_collection=False)
+# ---- end of operator scenario fixtures ----
