@@ -39,7 +39,6 @@ def _problems(document: object) -> list[str]:
         ("qemu", Runtime.GO, "qemu"),
         ("clh", Runtime.GO, "clh"),
         ("fc", Runtime.GO, "firecracker"),
-        ("stratovirt", Runtime.GO, "stratovirt"),
         ("qemu-snp", Runtime.GO, "qemu"),
         ("qemu-se", Runtime.GO, "qemu"),
         ("qemu-coco-dev", Runtime.GO, "qemu"),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kata_sizing import defaults
 from kata_sizing.guidance import NodeFacts
-from kata_sizing.model import parse_policy
+from kata_sizing.model import PolicyError, parse_policy
 from kata_sizing.quantity import MIB
 from kata_sizing.render import _yaml_block, render_policy
 
@@ -275,14 +275,15 @@ def test_chart_reads_the_handler_line_as_the_runtime_class_name(rendered):
 
 def _chart_shim_params():
     params = []
-    for shim in sorted(defaults.SHIMS):
-        marks = ()
-        if shim not in CHART["shims"]:
-            marks = pytest.mark.xfail(strict=True, reason=(
-                f"{shim} is in defaults.SHIMS but not a shim of the kata-deploy chart at "
-                f"{CHART['source']['commit']}; baseConfig {shim} would not resolve"))
-        params.append(pytest.param(shim, marks=marks))
+    for shim in sorted(set(defaults.SHIMS) - defaults.NOT_CHART_SHIMS):
+        params.append(pytest.param(shim))
     return params
+
+
+def test_shims_outside_the_chart_are_refused_as_policy_shims():
+    assert defaults.NOT_CHART_SHIMS.isdisjoint(CHART["shims"])
+    with pytest.raises(PolicyError, match="not a shim of the kata-deploy chart"):
+        _policy({"shim": "stratovirt"})
 
 
 @pytest.mark.parametrize("shim", _chart_shim_params())

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+import yaml
 
 from . import defaults
 from .defaults import Runtime
@@ -297,8 +298,13 @@ class KataSizingPolicySpec(_Model):
     def _known_shim(cls, value: str) -> str:
         if value in defaults.OUT_OF_SCOPE_SHIMS:
             raise ValueError(defaults.OUT_OF_SCOPE_SHIMS[value])
+        if value in defaults.NOT_CHART_SHIMS:
+            raise ValueError(
+                f"{value!r} is not a shim of the kata-deploy chart, so a custom runtime "
+                "cannot use it as baseConfig"
+            )
         if value not in defaults.SHIMS:
-            known = ", ".join(sorted(defaults.SHIMS))
+            known = ", ".join(sorted(set(defaults.SHIMS) - defaults.NOT_CHART_SHIMS))
             raise ValueError(f"{value!r} is not a kata-deploy shim (one of: {known})")
         return value
 
@@ -440,12 +446,22 @@ class KataSizingPolicy(_Model):
     @model_validator(mode="after")
     def _names_fit(self) -> "KataSizingPolicy":
         prefix = self.runtime_class_prefix
+        source = (
+            "spec.runtimeClass.namePrefix" if self.spec.runtime_class.name_prefix
+            else f"metadata.name (the default prefix is kata-{self.metadata.name})"
+        )
         for size_class in self.spec.effective_classes:
             name = f"{prefix}-{size_class.name}"
             if len(name) > MAX_HANDLER_LENGTH:
                 raise ValueError(
-                    f"spec.runtimeClass.namePrefix: RuntimeClass/handler {name!r} is "
-                    f"{len(name)} characters; a handler is a DNS label of at most 63"
+                    f"{source}: RuntimeClass/handler {name!r} is {len(name)} characters; "
+                    "a handler is a DNS label of at most 63"
+                )
+            if not isinstance(yaml.safe_load(name), str):
+                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date.
+                raise ValueError(
+                    f"{source}: RuntimeClass/handler {name!r} would read as a number or date "
+                    "in YAML; start the prefix with a letter"
                 )
         return self
 

@@ -34,12 +34,13 @@ SUMMARY_KEY = "summary.txt"
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+_REPOSITORY_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
 def templates_dir() -> Path:
     """`templates/` at the repository root, or $KATA_SIZING_TEMPLATES in an image."""
     override = os.environ.get("KATA_SIZING_TEMPLATES")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / "templates"
+    return Path(override) if override else _REPOSITORY_TEMPLATES
 
 
 def _toml_value(value: object) -> str:
