@@ -60,7 +60,7 @@ def class_lists(draw):
 
 @st.composite
 def valid_policies(draw) -> dict:
-    spec: dict = {"shim": draw(st.sampled_from(sorted(defaults.SHIMS)))}
+    spec: dict = {"shim": draw(st.sampled_from(sorted(set(defaults.SHIMS) - defaults.NOT_CHART_SHIMS)))}
     runtime = draw(st.sampled_from([None, "Rust", "Go"]))
     if runtime:
         spec["runtime"] = runtime
