@@ -1,0 +1,180 @@
+"""The shipped ClusterRole against the requests the operator really makes.
+
+A broad scenario runs against the emulator (create, update, drift of every kind, a
+conflict, Report and KataDeploy modes, node guidance inputs, deletion), every request in
+the emulator's log is mapped to (apiGroup, resource, verb), and:
+- each one must be granted by manifests/clusterrole.yaml (else: 403 in a real cluster);
+- each application grant must be used by some request (else the role grants more than the
+  operator needs), apart from the documented exceptions below.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.operator_helpers import (
+    CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RUNTIME_CLASSES, edit, example, explicit_classes_policy,
+    get_rc, pod_fixed, settle, update_spec, wait_for, wait_observed,
+)
+from tests.test_manifests import APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, granted_permissions
+
+pytestmark = pytest.mark.emulator
+
+Triple = tuple[str, str, str]  # (apiGroup, resource, verb); "" is the core group
+
+# Application grants the scenario cannot exercise, each with the reason it is still needed.
+NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {}
+
+# Application grants that no code path uses (checked against kube.py and informer.py): the
+# role grants more than the operator needs. Until manifests/clusterrole.yaml and the tables
+# in tests/test_manifests.py drop them, the coverage test below reports them as an expected
+# failure (xfail, listed by `pytest -ra`); a new unused grant fails it outright.
+OVER_GRANTED: dict[Triple, str] = {
+    ("", "configmaps", "patch"): "ConfigMaps are written with PUT (update) and a resourceVersion",
+    ("node.k8s.io", "runtimeclasses", "patch"): "RuntimeClasses are written with PUT (update)",
+    ("katasizing.dev", "katasizingpolicies/status", "get"): "status is read with the policy (get on the policy)",
+    ("katasizing.dev", "katasizingpolicies/status", "update"): "status is written with PATCH only",
+    ("", "nodes", "get"): "Nodes come from the informer's list and watch; no single Node is read",
+}
+
+
+def request_triple(method: str, path: str, query: dict) -> Triple | None:
+    """(apiGroup, resource[/subresource], verb) of one request; None for discovery paths."""
+    parts = [p for p in path.split("/") if p]
+    if not parts or parts[0] not in ("api", "apis"):
+        return None  # /version, /healthz...
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = (parts[1] if len(parts) > 1 else ""), parts[3:]
+    if not rest:
+        return None  # /api, /api/v1, /apis, /apis/<group>, /apis/<group>/<version>
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        rest = rest[2:]  # a namespaced resource: /namespaces/<ns>/<resource>/...
+    resource, name, subresource = rest[0], (rest[1] if len(rest) > 1 else None), rest[2:]
+    if subresource:
+        resource = f"{resource}/{'/'.join(subresource)}"
+    watch = query.get("watch") in ("true", "1")
+    verb = {
+        "GET": "watch" if watch else ("get" if name else "list"),
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if name else "deletecollection",
+    }[method]
+    return group, resource, verb
+
+
+@pytest.mark.parametrize("method, path, query, expected", [
+    ("GET", "/api", {}, None),
+    ("GET", "/apis", {}, None),
+    ("GET", "/apis/katasizing.dev", {}, None),
+    ("GET", "/apis/node.k8s.io/v1", {}, None),
+    ("GET", "/version", {}, None),
+    ("GET", "/api/v1/configmaps", {"labelSelector": "a=b"}, ("", "configmaps", "list")),
+    ("GET", "/api/v1/configmaps", {"watch": "true"}, ("", "configmaps", "watch")),
+    ("GET", "/api/v1/namespaces/ns/configmaps/x", {}, ("", "configmaps", "get")),
+    ("POST", "/api/v1/namespaces/default/events", {}, ("", "events", "create")),
+    ("GET", "/api/v1/namespaces", {}, ("", "namespaces", "list")),
+    ("GET", "/api/v1/namespaces/kube-system", {}, ("", "namespaces", "get")),
+    ("PATCH", "/apis/katasizing.dev/v1alpha1/katasizingpolicies/p/status", {},
+     ("katasizing.dev", "katasizingpolicies/status", "patch")),
+    ("DELETE", "/apis/node.k8s.io/v1/runtimeclasses/x", {}, ("node.k8s.io", "runtimeclasses", "delete")),
+    ("PUT", "/apis/node.k8s.io/v1/runtimeclasses/x", {}, ("node.k8s.io", "runtimeclasses", "update")),
+])
+def test_request_triples(method, path, query, expected):
+    assert request_triple(method, path, query) == expected
+
+
+def _triples(table: dict[tuple[str, str], tuple[str, ...]]) -> set[Triple]:
+    return {(group, resource, verb) for (group, resource), verbs in table.items() for verb in verbs}
+
+
+def _broad_scenario(cluster) -> None:
+    emu = cluster.emu
+    emu.objects("v1/nodes").create({"metadata": {"name": "kata-1", "labels": {
+        "katacontainers.io/kata-runtime": "true"}}, "status": {
+        "capacity": {"cpu": "32", "memory": "128Gi"}, "allocatable": {"cpu": "31", "memory": "120Gi"}}})
+    emu.objects("v1/pods").create({"metadata": {"name": "infra", "namespace": "kube-system"}, "spec": {
+        "nodeName": "kata-1", "containers": [{"name": "c", "resources": {"requests": {"memory": "1Gi"}}}]}})
+    # Somebody else's RuntimeClass with a name a policy wants: a conflict.
+    emu.objects(RUNTIME_CLASSES).create({"metadata": {"name": "kata-taken-m"}, "handler": "kata-taken-m"})
+    cluster.start(resync_s=0.5)
+
+    cluster.create(explicit_classes_policy())
+    wait_observed(emu, "qemu-rs", Ready="True")
+    taken = example()
+    taken["metadata"]["name"] = "taken"
+    taken["spec"]["output"] = {"namespace": "other"}
+    cluster.create(taken)
+    wait_observed(emu, "taken", Conflict="True")
+    report = example()
+    report["metadata"]["name"] = "report"
+    report["spec"].update(driftPolicy="Report", output={"namespace": "report"})
+    cluster.create(report)
+    wait_observed(emu, "report", Ready="True")
+    chart = example()
+    chart["metadata"]["name"] = "chart"
+    chart["spec"]["runtimeClass"]["managedBy"] = "KataDeploy"
+    chart["spec"]["output"] = {"namespace": "chart"}
+    cluster.create(chart)
+    wait_observed(emu, "chart", InSync="False")
+
+    # Update: one class changes, one is added, the prefix of another policy changes.
+    update_spec(emu, "qemu-rs", lambda spec: spec["classes"][1].update(memory="6Gi"))
+    wait_observed(emu, "qemu-rs", Ready="True")
+    update_spec(emu, "qemu-rs", lambda spec: spec["classes"].append({"name": "xxl", "cpu": "32", "memory": "128Gi"}))
+    wait_observed(emu, "qemu-rs", Ready="True")
+    update_spec(emu, "qemu-rs", lambda spec: spec["classes"].pop())
+    wait_observed(emu, "qemu-rs", Ready="True")
+
+    # Drift of every kind, and Report mode.
+    original = pod_fixed(emu, "kata-qemu-rs-m")
+    edit(emu, RUNTIME_CLASSES, "kata-qemu-rs-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+    wait_for(lambda: pod_fixed(emu, "kata-qemu-rs-m") == original)
+    edit(emu, CONFIG_MAPS, "qemu-rs-dropins", lambda o: o["data"].update({"m.toml": "#"}), OUTPUT_NAMESPACE)
+    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-dropins", OUTPUT_NAMESPACE)["data"]["m.toml"] != "#")
+    emu.objects(CONFIG_MAPS).delete("qemu-rs-kata-deploy-values", OUTPUT_NAMESPACE)
+    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-kata-deploy-values", OUTPUT_NAMESPACE))
+    emu.objects(RUNTIME_CLASSES).delete("kata-qemu-rs-s")
+    wait_for(lambda: get_rc(emu, "kata-qemu-rs-s"))
+    handler_changed = dict(get_rc(emu, "kata-qemu-rs-l"), handler="elsewhere")
+    emu.objects(RUNTIME_CLASSES).put(handler_changed)
+    wait_for(lambda: get_rc(emu, "kata-qemu-rs-l")["handler"] == "kata-qemu-rs-l")
+    edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+    wait_for(lambda: (emu.objects(POLICIES).get("report").get("status") or {}).get("driftDetected"))
+    settle(emu)
+
+    # Deletion: the operator's own cleanup (the emulator runs no garbage collector here).
+    for name in ("qemu-rs", "taken", "report", "chart"):
+        emu.objects(POLICIES).delete(name)
+    wait_for(lambda: not emu.objects(POLICIES).list(), 10)
+    settle(emu)
+
+
+@pytest.fixture
+def exercised(cluster_without_gc) -> dict[Triple, list[str]]:
+    _broad_scenario(cluster_without_gc)
+    found: dict[Triple, list[str]] = {}
+    for record in cluster_without_gc.emu.request_log:
+        triple = request_triple(record.method, record.path, record.query)
+        if triple is not None:
+            found.setdefault(triple, []).append(f"{record.method} {record.path} -> {record.status}")
+    return found
+
+
+def test_every_request_is_granted_and_every_application_grant_is_used(exercised):
+    granted = granted_permissions()
+    refused = {t: calls[:3] for t, calls in exercised.items() if t not in granted}
+    assert not refused, f"requests a real API server would refuse with 403: {refused}"
+
+    framework_only = _triples(FRAMEWORK_PERMISSIONS) - _triples(APPLICATION_PERMISSIONS)
+    application = (granted & _triples(APPLICATION_PERMISSIONS)) - framework_only
+    unused = application - set(exercised) - set(NOT_EXERCISED_BUT_NEEDED)
+    stale = set(OVER_GRANTED) & set(exercised)
+    assert not stale, f"OVER_GRANTED lists grants the operator now uses: {sorted(stale)}"
+    assert unused <= set(OVER_GRANTED), (
+        f"application grants no request used: {sorted(unused - set(OVER_GRANTED))}")
+    if unused:
+        pytest.xfail("the ClusterRole grants more than the operator uses: " + "; ".join(
+            f"{g or 'core'}/{r} {v} ({OVER_GRANTED[(g, r, v)]})" for g, r, v in sorted(unused)))
