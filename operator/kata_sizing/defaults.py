@@ -39,13 +39,19 @@ class Family(str, Enum):
 
 
 @dataclass(frozen=True)
-class OverheadDefaults:
+class OverheadParameters:
+    """unusable(V) = base + ratio x V MiB of a V MiB VM, plus constant guest CPU and host side."""
+
     guest_memory_base_mib: int
     guest_memory_ratio: Decimal
     guest_cpu: Decimal
     host_memory_mib: int
     host_cpu: Decimal
     margin: Decimal
+
+
+@dataclass(frozen=True)
+class OverheadDefaults(OverheadParameters):
     sources: str
 
 

@@ -34,15 +34,9 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class OverheadFunction:
-    """unusable(V) = base + ratio x V for a VM of V MiB, plus host-side constants."""
+class OverheadFunction(defaults.OverheadParameters):
+    """The function a policy sizes with: its own fields, a fit of its samples, or defaults."""
 
-    guest_memory_base_mib: int
-    guest_memory_ratio: Decimal
-    guest_cpu: Decimal
-    host_memory_mib: int
-    host_cpu: Decimal
-    margin: Decimal
     fitted: bool = False
 
 
