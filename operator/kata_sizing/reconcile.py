@@ -548,10 +548,18 @@ async def reconcile(
                 f"{applied.unmanaged[0]['runtimeClass']}: {applied.unmanaged[0]['message']}"))
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
-    if applied.conflicts:
+    if applied.conflicts and not _conflict_already_said(body, applied.conflicts):
         sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))
     await _write_status(api, name, body, compute_status(body, applied, sizing))
     return applied
+
+
+def _conflict_already_said(body: dict, conflicts: list[str]) -> bool:
+    """The status already reports these conflicts: a resync must not post the event again."""
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c.get("type") == cond.CONFLICT:
+            return c.get("status") == "True" and c.get("message") == "; ".join(conflicts)
+    return False
 
 
 async def _write_status(api, name: str, body: dict, status: dict) -> None:
