@@ -423,6 +423,21 @@ def test_an_unmanaged_runtime_class_is_never_written():
     assert sink.reasons() == [("Warning", cond.EVENT_CONFLICT)]
 
 
+def test_a_conflict_already_in_status_is_not_announced_again():
+    body = policy_body()
+    rcs, cms = desired_objects(body)
+    theirs = {"kind": "RuntimeClass", "metadata": {"name": "kata-qemu-rs-m"}, "handler": "kata-qemu-rs-m"}
+    others = [o for o in rcs if o["metadata"]["name"] != "kata-qemu-rs-m"]
+    api = FakeApi(theirs, *others, *cms, policy=body, allow=READS | {"patch_policy_status"})
+    run(rc.reconcile(api, body, "resync", rc.DesiredCache(), Sink()))
+    body["status"] = api.policy["status"]
+
+    quiet = FakeApi(theirs, *others, *cms, policy=body, allow=READS)
+    sink = Sink()
+    result = run(rc.reconcile(quiet, body, "resync", rc.DesiredCache(), sink))
+    assert result.conflicts and sink.events == [] and quiet.writes == []
+
+
 def test_report_mode_resync_reports_drift_once_and_writes_nothing_but_status():
     body = policy_body(driftPolicy="Report")
     api = in_sync_cluster(body, allow=READS | {"patch_policy_status"})
