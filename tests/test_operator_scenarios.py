@@ -56,7 +56,7 @@ def drift_corrected(emu, before: int) -> bool:
 # --- 1. create ---------------------------------------------------------------------------
 
 
-def test_create_makes_four_runtime_classes_two_configmaps_status_and_an_applied_event(cluster):
+def test_create_makes_four_runtime_classes_three_configmaps_status_and_an_applied_event(cluster):
     emu = cluster.emu
     cluster.start()
     body = applied(cluster, example())
