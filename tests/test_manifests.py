@@ -44,8 +44,8 @@ EXPECTED_KINDS = Counter(
     }
 )
 
-READ = ("get", "list", "watch")
-READ_WRITE = ("get", "list", "watch", "create", "update", "patch", "delete")
+# Objects are written with PUT and a resourceVersion, never a blind patch.
+READ_WRITE = ("get", "list", "watch", "create", "update", "delete")
 
 # (apiGroup, resource) -> verbs the ClusterRole grants; "" is the core group. Kept as one
 # table so a test of the operator's real API calls can be checked against it.
@@ -61,10 +61,10 @@ FRAMEWORK_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("get", "list", "watch", "patch"),
-    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies/status"): ("get", "patch", "update"),
+    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies/status"): ("patch",),
     ("node.k8s.io", "runtimeclasses"): READ_WRITE,
     ("", "configmaps"): READ_WRITE,
-    ("", "nodes"): READ,
+    ("", "nodes"): ("list", "watch"),
     ("", "pods"): ("list", "watch"),
 }
 

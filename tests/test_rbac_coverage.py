@@ -25,19 +25,6 @@ Triple = tuple[str, str, str]  # (apiGroup, resource, verb); "" is the core grou
 # Application grants the scenario cannot exercise, each with the reason it is still needed.
 NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {}
 
-# Application grants that no code path uses (checked against kube.py and informer.py): the
-# role grants more than the operator needs. Until manifests/clusterrole.yaml and the tables
-# in tests/test_manifests.py drop them, the coverage test below reports them as an expected
-# failure (xfail, listed by `pytest -ra`); a new unused grant fails it outright.
-OVER_GRANTED: dict[Triple, str] = {
-    ("", "configmaps", "patch"): "ConfigMaps are written with PUT (update) and a resourceVersion",
-    ("node.k8s.io", "runtimeclasses", "patch"): "RuntimeClasses are written with PUT (update)",
-    ("katasizing.dev", "katasizingpolicies/status", "get"): "status is read with the policy (get on the policy)",
-    ("katasizing.dev", "katasizingpolicies/status", "update"): "status is written with PATCH only",
-    ("", "nodes", "get"): "Nodes come from the informer's list and watch; no single Node is read",
-}
-
-
 def request_triple(method: str, path: str, query: dict) -> Triple | None:
     """(apiGroup, resource[/subresource], verb) of one request; None for discovery paths."""
     parts = [p for p in path.split("/") if p]
@@ -171,10 +158,4 @@ def test_every_request_is_granted_and_every_application_grant_is_used(exercised)
     framework_only = _triples(FRAMEWORK_PERMISSIONS) - _triples(APPLICATION_PERMISSIONS)
     application = (granted & _triples(APPLICATION_PERMISSIONS)) - framework_only
     unused = application - set(exercised) - set(NOT_EXERCISED_BUT_NEEDED)
-    stale = set(OVER_GRANTED) & set(exercised)
-    assert not stale, f"OVER_GRANTED lists grants the operator now uses: {sorted(stale)}"
-    assert unused <= set(OVER_GRANTED), (
-        f"application grants no request used: {sorted(unused - set(OVER_GRANTED))}")
-    if unused:
-        pytest.xfail("the ClusterRole grants more than the operator uses: " + "; ".join(
-            f"{g or 'core'}/{r} {v} ({OVER_GRANTED[(g, r, v)]})" for g, r, v in sorted(unused)))
+    assert not unused, f"the ClusterRole grants more than the operator uses: {sorted(unused)}"

@@ -18,7 +18,7 @@ from . import reconcile as rc
 from .cluster import facts_for_nodes, summarize_node, summarize_pod
 from .audit import audit_runtime_classes
 from .informer import Informer
-from .kube import ApiError, KubeApi, PermanentApiError, TransientApiError
+from .kube import ApiError, KubeApi, TransientApiError
 from .model import GROUP, PLURAL, VERSION
 from .render import MANAGED_BY, MANAGED_BY_LABEL
 
@@ -128,7 +128,8 @@ async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retr
         except (TransientApiError, rc.Conflict) as exc:
             delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
-        except PermanentApiError as exc:
+        except ApiError as exc:
+            # 4xx other than 409 (a refused object, a lost permission): retrying soon won't help.
             raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
 
 
@@ -205,6 +206,9 @@ async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, resource: kopf.Re
         except (TransientApiError, rc.Conflict) as exc:
             log.warning("drift handling of %s failed (%s); retrying", rc.describe(key), exc)
             await asyncio.sleep(TRANSIENT_BACKOFF_S[attempt])
+        except ApiError as exc:
+            log.error("drift of %s not corrected: %s; the next resync retries", rc.describe(key), exc)
+            return
     log.error("drift of %s not handled; the next resync will", rc.describe(key))
 
 
