@@ -199,8 +199,8 @@ def test_printer_columns(version: dict[str, Any]) -> None:
     columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]}
     assert columns == {
         "Shim": ("string", ".spec.shim"),
-        "Runtime": ("string", ".spec.runtime"),
-        "Largest": ("string", ".status.classes[-1:].runtimeClass"),
+        "Mode": ("string", ".status.runtime"),
+        "Classes": ("string", ".status.classNames"),
         "Ready": ("string", '.status.conditions[?(@.type=="Ready")].status'),
         "Age": ("date", ".metadata.creationTimestamp"),
     }

@@ -88,6 +88,7 @@ def test_create_makes_four_runtime_classes_three_configmaps_status_and_an_applie
 
     st = status(emu, NAME)
     assert st["observedGeneration"] == body["metadata"]["generation"] == 1
+    assert (st["runtime"], st["classNames"]) == ("Rust", "s,m,l,xl")  # kubectl get ksp: MODE, CLASSES
     assert conditions(emu, NAME) == {"Ready": "True", "Valid": "True", "InSync": "True", "Conflict": "False"}
     for c in st["conditions"]:
         assert c["observedGeneration"] == 1 and c["lastTransitionTime"] and c["reason"]

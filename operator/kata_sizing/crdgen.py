@@ -123,13 +123,11 @@ _SERVER_RULES: dict[str, dict[str, Any]] = {
 
 PRINTER_COLUMNS = [
     {"name": "Shim", "type": "string", "jsonPath": ".spec.shim"},
-    # Named after the field. Empty when the shim decides: runtime is Optional and has no
-    # schema default, since the default depends on the shim.
-    {"name": "Runtime", "type": "string", "jsonPath": ".spec.runtime"},
-    # The API server prints only the first match of a JSONPath, so neither the class list nor
-    # its length can be shown. The last class is the largest (envelopes strictly increase);
-    # its RuntimeClass name shows the prefix, and it appears once the operator has sized them.
-    {"name": "Largest", "type": "string", "jsonPath": ".status.classes[-1:].runtimeClass"},
+    # The effective runtime (spec.runtime may be left to the shim), written by the operator.
+    {"name": "Mode", "type": "string", "jsonPath": ".status.runtime"},
+    # A printer column shows only the first match of a JSONPath, so the operator writes the
+    # class names as one string.
+    {"name": "Classes", "type": "string", "jsonPath": ".status.classNames"},
     {
         "name": "Ready",
         "type": "string",

@@ -423,6 +423,8 @@ class UnmanagedRuntimeClass(_Model):
 
 class KataSizingPolicyStatus(_Model):
     observed_generation: int | None = None
+    runtime: Literal["Rust", "Go"] | None = Field(default=None, description="The runtime sized for.")
+    class_names: str | None = Field(default=None, description="The classes, comma-separated (for kubectl get).")
     conditions: list[Condition] = Field(default_factory=list)
     classes: list[ClassStatus] = Field(default_factory=list)
     drift_corrections: int = Field(default=0, description="Hand edits put back (driftPolicy Correct).")

@@ -401,7 +401,8 @@ def class_status(sizing: PolicySizing) -> list[dict]:
 
 
 OWNED_STATUS_FIELDS = (
-    "observedGeneration", "conditions", "classes", "warnings", "overhead", "nodes", "unmanagedRuntimeClasses",
+    "observedGeneration", "runtime", "classNames", "conditions", "classes", "warnings", "overhead", "nodes",
+    "unmanagedRuntimeClasses",
 )
 
 
@@ -481,8 +482,12 @@ def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) 
     }
     if sizing is not None:
         status["overhead"] = overhead_status(sizing)
-    elif previous.get("overhead"):
-        status["overhead"] = previous["overhead"]
+        status["runtime"] = sizing.runtime.value
+        status["classNames"] = ",".join(c.name for c in sizing.classes)
+    else:
+        for kept in ("overhead", "runtime", "classNames"):
+            if previous.get(kept) is not None:
+                status[kept] = previous[kept]
     nodes = result.nodes if result.nodes is not None else previous.get("nodes")
     if nodes is not None:
         status["nodes"] = nodes
