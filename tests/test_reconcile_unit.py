@@ -580,3 +580,24 @@ def test_increment_counter_of_a_deleted_policy_is_a_no_op():
     api = FakeApi(policy=None, allow={"read_policy"})
     run(rc.increment_counter(api, NAME, "driftDetected"))
     assert api.calls == [("read_policy", NAME)]
+
+
+def test_a_policy_warning_is_an_event_once_and_stays_in_status():
+    # Worked-example class m: podFixed 160Mi is below default_memory 1Gi + host: pods without
+    # limits are under-accounted. Valid, but said in status and once as a Warning event.
+    body = policy_body(classes=[{"name": "m", "cpu": "2", "memory": "2Gi", "overheadVcpus": "0.5",
+                                 "overheadMemory": "128Mi", "defaultVcpus": 2, "defaultMemory": "1024Mi",
+                                 "podFixed": {"cpu": "600m", "memory": "160Mi"}}])
+    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "patch_policy_status"})
+    sink = Sink()
+    run(rc.reconcile(api, body, "apply", rc.DesiredCache(), sink))
+    assert ("Warning", cond.EVENT_WARNING) in sink.reasons()
+    (warning,) = api.policy["status"]["warnings"]
+    assert "podFixed.memory 160Mi is below default_memory 1Gi + host memory 50Mi" in warning
+    assert {c["type"]: c["status"] for c in api.policy["status"]["conditions"]}["Valid"] == "True"
+
+    body["status"] = api.policy["status"]
+    again = in_sync_cluster(body)
+    sink = Sink()
+    run(rc.reconcile(again, body, "resync", rc.DesiredCache(), sink))
+    assert sink.events == [] and again.writes == []

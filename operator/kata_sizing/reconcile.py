@@ -553,6 +553,9 @@ async def reconcile(
                 f"{applied.unmanaged[0]['runtimeClass']}: {applied.unmanaged[0]['message']}"))
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
+    if applied.warnings and applied.warnings != (body.get("status") or {}).get("warnings"):
+        # Valid, but an administrator should hear of it once (DESIGN: status, events, validate).
+        sink(ref, "Warning", cond.EVENT_WARNING, "; ".join(applied.warnings))
     if applied.conflicts and not _conflict_already_said(body, applied.conflicts):
         sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))
     await _write_status(api, name, body, compute_status(body, applied, sizing))
