@@ -257,9 +257,9 @@ class Nodes(_Model):
     @classmethod
     def _auto_or_quantity(cls, value: object) -> object:
         value = _as_text(value)
-        if value != "auto":
-            _check_memory(value) if isinstance(value, str) else None
-        return value
+        if isinstance(value, str) and value != "auto":
+            _check_memory(value)
+        return value  # anything but a string fails the field's own str type check
 
 
 class Output(_Model):
