@@ -12,12 +12,15 @@ import json
 import sys
 from decimal import Decimal
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import yaml
 
 from .model import KataSizingPolicy, PolicyError, parse_policy
 from .quantity import QuantityError, cpu_cores, memory_bytes
+
+if TYPE_CHECKING:
+    from .operator_main import WebhookOptions
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -278,10 +281,37 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
+    """The webhook flags, or None when --webhook-port is not given."""
+    from .operator_main import WebhookOptions
+
+    if args.webhook_port is None:
+        given = [flag for flag, value in (
+            ("--webhook-cert", args.webhook_cert), ("--webhook-key", args.webhook_key),
+            ("--webhook-addr", args.webhook_addr), ("--webhook-insecure", args.webhook_insecure),
+        ) if value]
+        if given:
+            raise InputError(f"{', '.join(given)} need --webhook-port")
+        return None
+    if args.webhook_insecure:
+        if args.webhook_cert or args.webhook_key:
+            raise InputError("--webhook-insecure serves plain HTTP; drop --webhook-cert and --webhook-key")
+    elif not (args.webhook_cert and args.webhook_key):
+        # The API server calls admission webhooks over HTTPS only.
+        raise InputError("--webhook-port needs --webhook-cert and --webhook-key")
+    for path in filter(None, (args.webhook_cert, args.webhook_key)):
+        read_text(path)  # a missing Secret mount is one line here, not a crash inside kopf
+    return WebhookOptions(
+        port=args.webhook_port, certfile=args.webhook_cert, pkeyfile=args.webhook_key,
+        addr=args.webhook_addr, insecure=args.webhook_insecure,
+    )
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from .operator_main import run_operator  # kopf and kubernetes load only here
 
-    return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace)
+    return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace,
+                        webhook=_webhook_options(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,6 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--liveness", metavar="URL", help="serve kopf's health endpoint here")
     operator.add_argument("--standalone", action="store_true", help="no peering (one replica)")
     operator.add_argument("--namespace", help=argparse.SUPPRESS)
+    operator.add_argument("--webhook-port", type=int, metavar="PORT",
+                          help="serve the validating admission webhook on this port (manifests/webhook/)")
+    operator.add_argument("--webhook-cert", metavar="FILE", help="the webhook's TLS certificate (PEM)")
+    operator.add_argument("--webhook-key", metavar="FILE", help="the webhook's TLS private key (PEM)")
+    operator.add_argument("--webhook-addr", metavar="ADDRESS",
+                          help="listen on this address only (default: every interface)")
+    operator.add_argument("--webhook-insecure", action="store_true", help=argparse.SUPPRESS)
     operator.set_defaults(func=cmd_operator)
     return parser
 

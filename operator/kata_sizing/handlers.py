@@ -1,7 +1,8 @@
 """Every kopf decorator of the operator, in one place; the logic lives in `reconcile`.
 
 `build_registry()` returns a fresh registry so tests run each operator with its own; the
-`operator` subcommand runs kopf with it.
+`operator` subcommand runs kopf with it. `build_registry(admission=True)` adds the validating
+admission handler, for operators started with a webhook server (`operator --webhook-port`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 
 import kopf
 
+from . import admission as adm
 from . import defaults
 from . import reconcile as rc
 from .cluster import facts_for_nodes, summarize_node, summarize_pod
@@ -212,7 +214,20 @@ async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, resource: kopf.Re
     log.error("drift of %s not handled; the next resync will", rc.describe(key))
 
 
-def build_registry() -> kopf.OperatorRegistry:
+async def validate_policy(
+    body: kopf.Body, operation: str | None, old: kopf.Body | None, new: kopf.Body | None,
+    warnings: list[str], **_,
+) -> None:
+    if not adm.needs_review(operation, old, new):
+        return
+    errors, found_warnings = adm.admission_problems(_plain(body))
+    if errors:
+        # 422, as the API server answers an object that breaks its own schema.
+        raise kopf.AdmissionError("; ".join(errors), code=422)
+    warnings.extend(found_warnings)  # kubectl prints these as "Warning: ..."
+
+
+def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     policies = (GROUP, VERSION, PLURAL)
     # kopf's own logins, like kubectl: the service account in a pod, else KUBECONFIG/~/.kube/config.
@@ -240,4 +255,9 @@ def build_registry() -> kopf.OperatorRegistry:
                   id="runtimeclass-drift")(child_changed)
     kopf.on.event("", "v1", "configmaps", registry=registry,
                   id="configmap-drift")(child_changed)
+    if admission:
+        # Only with a webhook server: kopf refuses to start with admission handlers and no
+        # server configured.
+        kopf.on.validate(*policies, registry=registry, id=adm.VALIDATE_HANDLER_ID,
+                         operations=["CREATE", "UPDATE"])(validate_policy)
     return registry

@@ -1,0 +1,475 @@
+"""The optional validating admission webhook: the rules it applies (`admission`), the
+`operator --webhook-*` flags, the overlay overlays/webhook/ (real kubectl kustomize, strict
+schemas, wiring between its objects), and AdmissionReviews posted over HTTPS to the real
+operator running against the emulator."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import json
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import kopf
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from kata_sizing import cli, operator_main
+from kata_sizing.admission import VALIDATE_HANDLER_ID, admission_problems, needs_review
+from kata_sizing.handlers import build_registry
+from kata_sizing.model import GROUP, PLURAL, VERSION
+from kata_sizing.operator_main import WebhookOptions, configure_webhook
+from tests.harness import KopfThread, KubernetesApiEmulator, running_emulator
+from tests.operator_helpers import POLICIES, example, wait_observed
+from tests.test_manifests import (
+    CRD_FILE, EXPECTED_KINDS, MANIFESTS, SCHEMA_VERSIONS, find_kubectl, granted_permissions, load_documents,
+)
+from tests.test_rbac_coverage import request_triple
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERLAY = ROOT / "overlays" / "webhook"
+CERT_MANAGER_GROUP = "cert-manager.io"
+WEBHOOK_KINDS = Counter({"Service": 1, "Issuer": 1, "Certificate": 1, "ValidatingWebhookConfiguration": 1})
+
+
+def invalid_body() -> dict:
+    """measured-classes with class s's podFixed below both of its overheads: two errors."""
+    body = example("measured-classes")
+    body["spec"]["classes"][0]["podFixed"] = {"cpu": "100m", "memory": "64Mi"}
+    return body
+
+
+def bad_quantity_body() -> dict:
+    body = example()
+    body["spec"]["nodes"]["systemReserved"] = "lots"
+    return body
+
+
+# ---- the rules (admission.py) ----
+
+
+def test_a_valid_policy_has_no_problems() -> None:
+    assert admission_problems(example()) == ([], [])
+
+
+def test_every_broken_rule_is_an_error_naming_class_values_and_rule() -> None:
+    errors, _ = admission_problems(invalid_body())
+    assert errors == [
+        "spec.classes[0] (s): podFixed.memory 64Mi must be above overhead_memory 96Mi: "
+        "podFixed covers the guest side (overhead_memory) plus the host side",
+        "spec.classes[0] (s): podFixed.cpu 100m must be above overhead_vcpus 0.2: "
+        "podFixed covers the guest side (overhead_vcpus) plus the host side",
+    ]
+
+
+def test_the_under_accounting_rule_is_a_warning_not_an_error() -> None:
+    errors, warnings = admission_problems(example("measured-classes"))
+    assert errors == []
+    (warning,) = warnings
+    assert warning.startswith("spec.classes[1] (m): podFixed.memory 160Mi is below default_memory 1Gi")
+    assert "under-accounted" in warning
+
+
+def test_malformed_fields_are_named_one_line_each() -> None:
+    body = bad_quantity_body()
+    body["spec"]["surplus"] = True
+    errors, warnings = admission_problems(body)
+    assert warnings == []
+    assert len(errors) == 2
+    assert any(e.startswith("spec.nodes.systemReserved: 'lots' is not a Kubernetes quantity") for e in errors)
+    assert any(e.startswith("spec.surplus: unknown field") for e in errors)
+
+
+def test_server_fields_of_a_live_object_are_not_problems() -> None:
+    body = example()
+    body["metadata"].update(uid="u-1", resourceVersion="7", generation=2, managedFields=[{"manager": "kubectl"}],
+                            finalizers=["katasizing.dev/cleanup"])
+    body["status"] = {"conditions": [{"type": "Valid", "status": "False"}]}
+    assert admission_problems(body) == ([], [])
+
+
+@pytest.mark.parametrize("operation, old, new, expected", [
+    ("CREATE", None, {"spec": {"shim": "a"}}, True),
+    ("UPDATE", {"spec": {"shim": "a"}}, {"spec": {"shim": "b"}}, True),
+    # kopf's finalizer and annotation patches, and the finalizer's removal on deletion.
+    ("UPDATE", {"metadata": {}, "spec": {"shim": "a"}},
+     {"metadata": {"finalizers": ["katasizing.dev/cleanup"]}, "spec": {"shim": "a"}}, False),
+])
+def test_only_spec_changes_are_reviewed(operation, old, new, expected) -> None:
+    assert needs_review(operation, old, new) is expected
+
+
+# ---- the operator's flags ----
+
+
+def webhook_handler_ids(registry: kopf.OperatorRegistry) -> list[str]:
+    return [handler.id for handler in registry._webhooks.get_all_handlers()]
+
+
+def test_the_admission_handler_is_registered_only_when_asked() -> None:
+    # kopf refuses to start with admission handlers and no webhook server.
+    assert webhook_handler_ids(build_registry()) == []
+    assert webhook_handler_ids(build_registry(admission=True)) == [VALIDATE_HANDLER_ID]
+
+
+@pytest.fixture
+def captured_operator(monkeypatch) -> dict:
+    """What `kata-sizing operator ...` hands to kopf.operator(), without running it."""
+    seen: dict = {}
+
+    async def fake_operator(**kwargs) -> None:
+        seen.update(kwargs)
+
+    monkeypatch.setattr(kopf, "operator", fake_operator)
+    monkeypatch.setattr(operator_main.logging, "basicConfig", lambda **_: None)
+    return seen
+
+
+def test_without_webhook_flags_nothing_is_served(captured_operator) -> None:
+    assert cli.main(["operator", "--standalone"]) == 0
+    assert captured_operator["settings"].admission.server is None
+    assert webhook_handler_ids(captured_operator["registry"]) == []
+
+
+def test_webhook_flags_configure_kopfs_server_and_leave_the_configuration_unmanaged(
+    captured_operator, tmp_path
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_text("cert")
+    key.write_text("key")
+    assert cli.main(["operator", "--standalone", "--webhook-port", "9443", "--webhook-cert", str(cert),
+                     "--webhook-key", str(key), "--webhook-addr", "0.0.0.0"]) == 0
+    admission = captured_operator["settings"].admission
+    assert isinstance(admission.server, kopf.WebhookServer)
+    assert (admission.server.port, admission.server.addr) == (9443, "0.0.0.0")
+    assert (admission.server.certfile, admission.server.pkeyfile) == (str(cert), str(key))
+    assert admission.server.insecure is False
+    # kopf would otherwise create and patch the ValidatingWebhookConfiguration (more RBAC).
+    assert admission.managed is None
+    assert webhook_handler_ids(captured_operator["registry"]) == [VALIDATE_HANDLER_ID]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--webhook-port", "9443"], "--webhook-port needs --webhook-cert and --webhook-key"),
+    (["--webhook-cert", "c"], "--webhook-cert need --webhook-port"),
+    (["--webhook-port", "9443", "--webhook-cert", "/nonexistent/tls.crt", "--webhook-key", "/nonexistent/tls.key"],
+     "/nonexistent/tls.crt: no such file"),
+    (["--webhook-port", "9443", "--webhook-insecure", "--webhook-cert", "c"],
+     "--webhook-insecure serves plain HTTP; drop --webhook-cert and --webhook-key"),
+])
+def test_bad_webhook_flags_are_one_line_and_exit_2(captured_operator, capsys, flags, message) -> None:
+    assert cli.main(["operator", *flags]) == cli.EXIT_UNREADABLE
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert captured_operator == {}, "the operator must not start"
+
+
+def test_the_insecure_flag_is_hidden_from_help(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["operator", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--webhook-port" in help_text and "--webhook-cert" in help_text and "--webhook-key" in help_text
+    assert "--webhook-insecure" not in help_text
+
+
+# ---- the overlay: overlays/webhook/ ----
+
+
+@pytest.fixture(scope="module")
+def overlay_output() -> list[dict]:
+    kubectl = find_kubectl()
+    if kubectl is None:
+        pytest.skip("kubectl not on PATH and not at .tools/kubectl (run `make tools`)")
+    assert CRD_FILE.exists(), f"{CRD_FILE.relative_to(ROOT)} is missing: run `make crds`"
+    result = subprocess.run([kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True,
+                            check=False, timeout=60)
+    assert result.returncode == 0, f"kubectl kustomize overlays/webhook/ failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+
+
+@pytest.fixture(scope="module")
+def overlay_by_kind(overlay_output: list[dict]) -> dict[str, dict]:
+    return {obj["kind"]: obj for obj in overlay_output}
+
+
+@pytest.fixture(scope="module")
+def webhook_container(overlay_by_kind: dict[str, dict]) -> dict:
+    (container,) = overlay_by_kind["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.fixture(scope="module")
+def webhook_options(webhook_container: dict) -> WebhookOptions:
+    """The overlay's container args, parsed by the real CLI parser."""
+    args = cli.build_parser().parse_args(webhook_container["args"])
+    assert args.webhook_port is not None, "the overlay does not turn the webhook on"
+    return WebhookOptions(port=args.webhook_port, certfile=args.webhook_cert, pkeyfile=args.webhook_key,
+                          addr=args.webhook_addr, insecure=args.webhook_insecure)
+
+
+def test_overlay_adds_the_webhook_objects_to_the_base(overlay_output: list[dict]) -> None:
+    assert Counter(obj["kind"] for obj in overlay_output) == EXPECTED_KINDS + WEBHOOK_KINDS
+
+
+def test_overlay_changes_no_base_object_but_the_deployment(overlay_by_kind: dict[str, dict]) -> None:
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for obj in load_documents(path):
+            if obj["kind"] != "Deployment":
+                assert overlay_by_kind[obj["kind"]] == obj, f"the overlay changed the {obj['kind']}"
+    assert overlay_by_kind["CustomResourceDefinition"] == load_documents(CRD_FILE)[0]
+
+
+def test_base_install_has_no_webhook() -> None:
+    (deployment,) = load_documents(MANIFESTS / "deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert not any(arg.startswith("--webhook") for arg in container["args"])
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS + WEBHOOK_KINDS))
+def test_overlay_objects_are_valid(overlay_by_kind: dict[str, dict], kind: str, version: str) -> None:
+    obj = overlay_by_kind[kind]
+    if obj["apiVersion"].startswith(f"{CERT_MANAGER_GROUP}/"):
+        pytest.skip(f"{kind} is a cert-manager custom resource: kubernetes-validate has no schema for it")
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        pytest.fail(f"{kind}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
+                    f"{error.message} at {'/'.join(map(str, error.path))}")
+
+
+def test_webhook_reviews_creates_and_updates_of_policies(overlay_by_kind: dict[str, dict]) -> None:
+    crd = overlay_by_kind["CustomResourceDefinition"]
+    (webhook,) = overlay_by_kind["ValidatingWebhookConfiguration"]["webhooks"]
+    assert webhook["rules"] == [{
+        "apiGroups": [crd["spec"]["group"]],
+        "apiVersions": [v["name"] for v in crd["spec"]["versions"] if v["served"]],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": [crd["spec"]["names"]["plural"]],
+        "scope": crd["spec"]["scope"],
+    }]
+    assert (GROUP, VERSION, PLURAL) == (crd["spec"]["group"], "v1alpha1", "katasizingpolicies")
+    assert webhook["failurePolicy"] == "Fail"
+    assert webhook["sideEffects"] == "None"
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["timeoutSeconds"] == 5
+
+
+def test_webhook_calls_the_path_kopf_serves_for_the_handler(overlay_by_kind: dict[str, dict]) -> None:
+    (webhook,) = overlay_by_kind["ValidatingWebhookConfiguration"]["webhooks"]
+    (handler_id,) = webhook_handler_ids(build_registry(admission=True))
+    # kopf routes POST <server path>/{id} and runs only the handler with that id.
+    assert webhook["clientConfig"]["service"]["path"] == f"/{handler_id}"
+
+
+def test_service_reaches_the_operators_webhook_port(
+    overlay_by_kind: dict[str, dict], webhook_container: dict, webhook_options: WebhookOptions
+) -> None:
+    service = overlay_by_kind["Service"]
+    deployment = overlay_by_kind["Deployment"]
+    (webhook,) = overlay_by_kind["ValidatingWebhookConfiguration"]["webhooks"]
+    target = webhook["clientConfig"]["service"]
+    assert (target["namespace"], target["name"]) == (service["metadata"]["namespace"], service["metadata"]["name"])
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == target["port"]]
+    assert port["port"] == 443
+    container_ports = {p["name"]: p["containerPort"] for p in webhook_container["ports"]}
+    assert container_ports[port["targetPort"]] == webhook_options.port == 9443
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert webhook_container["readinessProbe"]["tcpSocket"]["port"] == port["targetPort"]
+    assert webhook_options.addr is None, "the Service reaches the pod IP: listen on every interface"
+    assert webhook_options.insecure is False
+
+
+def test_certificate_is_mounted_where_the_operator_reads_it(
+    overlay_by_kind: dict[str, dict], webhook_container: dict, webhook_options: WebhookOptions
+) -> None:
+    certificate, issuer = overlay_by_kind["Certificate"], overlay_by_kind["Issuer"]
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    assert "selfSigned" in issuer["spec"]
+    assert certificate["metadata"]["namespace"] == issuer["metadata"]["namespace"]
+    volumes = {v["name"]: v for v in overlay_by_kind["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in webhook_container["volumeMounts"]
+                if volumes[m["name"]].get("secret", {}).get("secretName") == certificate["spec"]["secretName"]]
+    assert mount["readOnly"] is True
+    # cert-manager writes the serving pair as tls.crt and tls.key in the Secret.
+    assert webhook_options.certfile == f"{mount['mountPath']}/tls.crt"
+    assert webhook_options.pkeyfile == f"{mount['mountPath']}/tls.key"
+
+
+def test_certificate_names_the_service_and_is_injected_as_the_ca(overlay_by_kind: dict[str, dict]) -> None:
+    service, certificate = overlay_by_kind["Service"], overlay_by_kind["Certificate"]
+    configuration = overlay_by_kind["ValidatingWebhookConfiguration"]
+    service_dns = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert service_dns in certificate["spec"]["dnsNames"]
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}")
+
+
+# ---- end to end: AdmissionReviews over HTTPS to the running operator ----
+
+
+def write_self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A serving certificate for 127.0.0.1, made with `cryptography`: kopf's own generator
+    (certbuilder/oscrypto) fails on OpenSSL 3.0."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kata-sizing-webhook-test")])
+    now = datetime.now(timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Webhook:
+    """Posts AdmissionReviews the way the API server does, trusting only the test's certificate."""
+
+    def __init__(self, emu: KubernetesApiEmulator, port: int, cafile: Path) -> None:
+        self.emu = emu
+        self.port = port
+        self.url = f"https://127.0.0.1:{port}/{VALIDATE_HANDLER_ID}"
+        self.context = ssl.create_default_context(cafile=str(cafile))
+
+    def review(self, operation: str, obj: dict, old: dict | None = None) -> dict:
+        uid = str(uuid.uuid4())
+        request = {
+            "uid": uid,
+            "kind": {"group": GROUP, "version": VERSION, "kind": "KataSizingPolicy"},
+            "resource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+            "requestKind": {"group": GROUP, "version": VERSION, "kind": "KataSizingPolicy"},
+            "requestResource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+            "name": obj["metadata"]["name"],
+            "operation": operation,
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+            "object": obj,
+            "oldObject": old,
+            "dryRun": False,
+        }
+        data = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "request": request}).encode()
+        http_request = urllib.request.Request(self.url, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(http_request, context=self.context, timeout=5) as reply:
+            review = json.load(reply)
+        assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
+        assert review["response"]["uid"] == uid
+        return review["response"]
+
+    def wait_until_serving(self, timeout: float = 10) -> None:
+        # kopf opens the server only after its first API scan, which is after ready_flag.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), 0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the webhook did not listen within {timeout}s") from None
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def webhook(tmp_path) -> Iterator[Webhook]:
+    """The real operator (with the emulator as its API server) serving the webhook on HTTPS."""
+    cert, key = write_self_signed_cert(tmp_path)
+    port = free_port()
+    options = WebhookOptions(port=port, certfile=str(cert), pkeyfile=str(key), addr="127.0.0.1")
+    with running_emulator(tmp_path) as emu:
+        operator = KopfThread(emu.kubeconfig, registry=build_registry(admission=True),
+                              settings_hook=lambda settings: configure_webhook(settings, options))
+        with operator:
+            client = Webhook(emu, port, cert)
+            client.wait_until_serving()
+            yield client
+        assert not emu.server_errors, f"the emulator itself failed: {emu.server_errors!r}"
+
+
+@pytest.mark.emulator
+def test_an_invalid_policy_is_refused_with_every_violated_rule(webhook: Webhook) -> None:
+    response = webhook.review("CREATE", invalid_body())
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+    errors, _ = admission_problems(invalid_body())
+    assert len(errors) == 2
+    assert response["status"]["message"] == "; ".join(errors)
+    assert "podFixed.memory 64Mi must be above overhead_memory 96Mi" in response["status"]["message"]
+    assert "podFixed.cpu 100m must be above overhead_vcpus 0.2" in response["status"]["message"]
+
+
+@pytest.mark.emulator
+def test_valid_policies_are_allowed_and_warnings_passed_on(webhook: Webhook) -> None:
+    response = webhook.review("CREATE", example())
+    assert response["allowed"] is True
+    assert "status" not in response and "warnings" not in response
+    response = webhook.review("CREATE", example("measured-classes"))
+    assert response["allowed"] is True
+    (warning,) = response["warnings"]
+    assert warning.startswith("spec.classes[1] (m): podFixed.memory 160Mi is below default_memory")
+    assert "patch" not in response, "a validating webhook changes nothing"
+
+
+@pytest.mark.emulator
+def test_a_malformed_policy_is_refused_naming_the_field(webhook: Webhook) -> None:
+    response = webhook.review("CREATE", bad_quantity_body())
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert response["status"]["message"].startswith("spec.nodes.systemReserved: 'lots' is not a Kubernetes quantity")
+
+
+@pytest.mark.emulator
+def test_updates_are_reviewed_when_the_spec_changes(webhook: Webhook) -> None:
+    stored = invalid_body()  # e.g. created before the webhook was installed
+    finalized = copy.deepcopy(stored)
+    finalized["metadata"]["finalizers"] = ["katasizing.dev/cleanup"]
+    assert webhook.review("UPDATE", finalized, old=stored)["allowed"] is True
+    response = webhook.review("UPDATE", invalid_body(), old=example("measured-classes"))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+
+
+@pytest.mark.emulator
+def test_the_operator_with_the_webhook_still_reconciles_within_its_rbac(webhook: Webhook) -> None:
+    emu = webhook.emu
+    emu.objects(POLICIES).create(example())
+    wait_observed(emu, "qemu-rs", Ready="True")
+    granted = granted_permissions()
+    refused = {
+        triple for record in emu.request_log
+        if (triple := request_triple(record.method, record.path, record.query)) is not None
+        and triple not in granted
+    }
+    # managed=None: kopf never touches admissionregistration.k8s.io.
+    assert refused == set()
