@@ -52,10 +52,6 @@ _DROP_IN_HYPERVISOR_NUMBERS = ("default_vcpus", "overhead_vcpus")
 _DROP_IN_RUNTIME_BOOLS = ("static_sandbox_resource_mgmt", "sandbox_cgroup_only")
 # kata-deploy's extra RuntimeClasses per shim (`debug`, `devkit`) reuse the shim's config.
 _HANDLER_VARIANTS = ("-debug", "-devkit")
-# Go runtime source: src/runtime/pkg/katautils/config.go defaultMemSz() replaces a
-# default_memory below virtcontainers' MinHypervisorMemory (256, hypervisor.go) with the
-# built-in 2048 MiB, silently.
-GO_MIN_DEFAULT_MEMORY_MIB = 256
 # [kd-values] defaultShim is read in this order by the chart's runtimeclasses.yaml.
 _DEFAULT_SHIM_ARCHES = ("amd64", "arm64", "s390x", "ppc64le")
 
@@ -515,8 +511,8 @@ def _apply_drop_in(
                      f"the Go runtime of shim {c.shim} ignores them")
         changes.pop("overhead_memory", None)
         changes.pop("overhead_vcpus", None)
-    requested = changes.get("default_memory", GO_MIN_DEFAULT_MEMORY_MIB)
-    if info.runtime is Runtime.GO and requested < GO_MIN_DEFAULT_MEMORY_MIB:
+    requested = changes.get("default_memory", defaults.GO_MIN_DEFAULT_MEMORY_MIB)
+    if info.runtime is Runtime.GO and requested < defaults.GO_MIN_DEFAULT_MEMORY_MIB:
         ignored.append(changes["default_memory"])
         changes["default_memory"] = defaults.SHIPPED_DEFAULT_MEMORY_MIB
     return replace(
@@ -604,11 +600,11 @@ def _check(c: _Candidate, notes: list[str]) -> tuple[CheckedClass, list[Finding]
     kata = _apply_drop_in(info, c, notes, bad, ignored)
     for requested in ignored:
         finding(Severity.WARNING, Rule.GO_DEFAULT_MEMORY_IGNORED, f"default_memory {requested}",
-                f"at least {GO_MIN_DEFAULT_MEMORY_MIB} MiB", (
-                    f"the Go runtime replaces a default_memory below {GO_MIN_DEFAULT_MEMORY_MIB} MiB with "
+                f"at least {defaults.GO_MIN_DEFAULT_MEMORY_MIB} MiB", (
+                    f"the Go runtime replaces a default_memory below {defaults.GO_MIN_DEFAULT_MEMORY_MIB} MiB with "
                     f"{defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB, so every VM boots "
                     f"{defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB plus the limits"),
-                f"set default_memory in {c.drop_in_path} to {GO_MIN_DEFAULT_MEMORY_MIB} or more")
+                f"set default_memory in {c.drop_in_path} to {defaults.GO_MIN_DEFAULT_MEMORY_MIB} or more")
     for key, value, why in bad:
         if key == "dropIn":
             message = (f"{c.drop_in_path} cannot be read: {why}; Kata fails to load this "

@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--standalone", action="store_true", help="no peering (one replica)")
     operator.add_argument("--namespace", help=argparse.SUPPRESS)
     operator.add_argument("--webhook-port", type=int, metavar="PORT",
-                          help="serve the validating admission webhook on this port (manifests/webhook/)")
+                          help="serve the validating admission webhook on this port (overlays/webhook/)")
     operator.add_argument("--webhook-cert", metavar="FILE", help="the webhook's TLS certificate (PEM)")
     operator.add_argument("--webhook-key", metavar="FILE", help="the webhook's TLS private key (PEM)")
     operator.add_argument("--webhook-addr", metavar="ADDRESS",

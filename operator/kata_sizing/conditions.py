@@ -20,8 +20,6 @@ REASON_DRIFT_REPORTED = "DriftReported"
 REASON_RUNTIME_CLASS_MISSING = "RuntimeClassMissing"
 REASON_CONFLICT = "UnmanagedRuntimeClass"
 REASON_NO_CONFLICT = "NoConflict"
-REASON_API_ERROR = "ApiError"
-REASON_HANDLER_CHANGED = "HandlerChanged"
 
 # Event reasons.
 EVENT_APPLIED = "Applied"
@@ -29,7 +27,6 @@ EVENT_INVALID = "InvalidPolicy"
 EVENT_DRIFT_CORRECTED = "DriftCorrected"
 EVENT_DRIFT_DETECTED = "DriftDetected"
 EVENT_CONFLICT = "Conflict"
-EVENT_DELETED = "Deleted"
 EVENT_WARNING = "PolicyWarning"
 EVENT_UNMANAGED = "UnmanagedRuntimeClassAudit"
 

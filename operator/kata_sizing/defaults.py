@@ -172,7 +172,6 @@ OUT_OF_SCOPE_SHIMS = {"remote": "remote (peer pods) runs no local VM and is out 
 # In DOMAIN's podFixed table (so the audit knows its RuntimeClass) but not a shim of the
 # chart at 7c6ba40c: a custom runtime's baseConfig could not name it.
 NOT_CHART_SHIMS = {"stratovirt"}
-REMOTE_POD_FIXED = ("120Mi", "250m")
 
 HYPERVISORS = ("qemu", "clh", "dragonball", "firecracker", "stratovirt", "openvmm")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from . import defaults
 from .quantity import MIB, format_cpu, format_memory, memory_bytes
 from .sizing import PolicySizing, Problem, Severity
 
@@ -81,7 +82,7 @@ def shm_not_applicable_reason(sizing: PolicySizing) -> str | None:
         return "enable_hugepages = true: guest RAM comes from /dev/hugepages, not /dev/shm"
     if sizing.hypervisor == "clh":
         return "Cloud Hypervisor backs guest RAM with memfd, not a file on /dev/shm"
-    if sizing.hypervisor not in ("qemu", "stratovirt"):
+    if sizing.hypervisor not in defaults.SHM_BACKED_HYPERVISORS:
         return f"{sizing.hypervisor} does not back guest RAM with a file on /dev/shm"
     return None
 

@@ -81,6 +81,10 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
         await api.close()
 
 
+def _backoff_s(retry: int) -> float:
+    return TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
+
+
 def _lock(memo: kopf.Memo, name: str) -> asyncio.Lock:
     return memo.locks.setdefault(name, asyncio.Lock())
 
@@ -99,7 +103,7 @@ async def _node_facts(body: kopf.Body, memo: kopf.Memo) -> list | None:
     selector = ((body.get("spec") or {}).get("nodes") or {}).get("selector")
     if selector is None:
         selector = dict(defaults.KATA_NODE_LABEL)
-    kata_classes = {key[2] for key in memo.cache.by_child if key[0] == "RuntimeClass"}
+    kata_classes = memo.cache.runtime_class_names()
     pods_by_node: dict[str, list] = {}
     for node_name, request in memo.pods.items.values():
         pods_by_node.setdefault(node_name, []).append(request)
@@ -113,14 +117,16 @@ def _versions(memo: kopf.Memo) -> tuple[int, int, int]:
 def _audit(memo: kopf.Memo) -> list | None:
     if not memo.runtime_classes.synced.is_set():
         return None
-    managed = {key[2] for key in memo.cache.by_child if key[0] == "RuntimeClass"}
-    return audit_runtime_classes(list(memo.runtime_classes.items.values()), managed)
+    return audit_runtime_classes(list(memo.runtime_classes.items.values()), memo.cache.runtime_class_names())
 
 
-async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int) -> None:
+async def _reconcile(
+    memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: list | None = None,
+) -> None:
     name = body["metadata"]["name"]
     async with _lock(memo, name):
-        facts = await _node_facts(body, memo)
+        if facts is None:
+            facts = await _node_facts(body, memo)
         memo.node_facts[name] = (_versions(memo), tuple(facts or ()))
         try:
             await rc.reconcile(
@@ -128,7 +134,7 @@ async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retr
                 audit_findings=_audit(memo),
             )
         except (TransientApiError, rc.Conflict) as exc:
-            delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
+            delay = _backoff_s(retry)
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
         except ApiError as exc:
             # 4xx other than 409 (a refused object, a lost permission): retrying soon won't help.
@@ -166,7 +172,7 @@ async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, **_) -> None:
         memo.node_facts[name] = (_versions(memo), facts)
         return
     try:
-        await _reconcile(memo, body, "resync", 0)
+        await _reconcile(memo, body, "resync", 0, facts=fresh)
     except kopf.TemporaryError as exc:
         log.warning("node guidance of %s not refreshed: %s", name, exc)
 
@@ -177,7 +183,7 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
         try:
             removed = await rc.delete_children(memo.api, _plain(body), memo.cache)
         except ApiError as exc:
-            delay = TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
+            delay = _backoff_s(retry)
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
     memo.locks.pop(name, None)
     memo.node_facts.pop(name, None)

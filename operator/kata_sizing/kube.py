@@ -119,9 +119,7 @@ class KubeApi:
     async def _call(self, what: str, call, *args, **kwargs):
         try:
             return await call(*args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
-        except ApiException as exc:
-            raise _translate(exc, what) from None
-        except _NETWORK_ERRORS as exc:
+        except (ApiException, *_NETWORK_ERRORS) as exc:
             raise _translate(exc, what) from None
 
     # --- RuntimeClasses (cluster-scoped) ---
@@ -232,9 +230,7 @@ class KubeApi:
         call = getattr(getattr(self, group_api), method)
         try:
             response = await call(**params)
-        except ApiException as exc:
-            raise _translate(exc, f"list {collection}") from None
-        except _NETWORK_ERRORS as exc:
+        except (ApiException, *_NETWORK_ERRORS) as exc:
             raise _translate(exc, f"list {collection}") from None
         if response.status >= 400:
             text = await response.text()

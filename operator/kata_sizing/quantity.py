@@ -97,10 +97,6 @@ def cpu_cores(text: str | int | float | Decimal) -> Decimal:
     return millicores / 1000
 
 
-def bytes_to_mib_floor(size_bytes: int) -> int:
-    return size_bytes // MIB
-
-
 def mib_ceil(size_bytes: int) -> int:
     return -(-size_bytes // MIB)
 

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Literal, Protocol
 
 from . import conditions as cond
 from .kube import Conflict, Invalid, NotFound
 from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
-from .quantity import QuantityError, parse_quantity
+from .quantity import QuantityError, format_cpu, format_mib, format_vcpus, parse_quantity
 from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, configmap_names, render_policy
 from .guidance import NodeFacts
 from .sizing import PolicySizing, Severity, size_policy
-
-log = logging.getLogger("kata_sizing")
 
 Trigger = Literal["apply", "resync"]
 ObjKey = tuple[str, str | None, str]  # (kind, namespace, name)
@@ -138,7 +135,6 @@ def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
 class Desired:
     policy_name: str
     policy_uid: str | None
-    generation: int | None
     drift_policy: str
     ref: dict
     namespace: str
@@ -146,8 +142,6 @@ class Desired:
     owned: dict[ObjKey, dict]
     # KataDeploy mode: RuntimeClasses the chart creates; the operator guards their fields.
     guarded: dict[ObjKey, dict]
-    sizing: PolicySizing | None = None
-    rendered: Rendered | None = None
 
     def lookup(self, key: ObjKey) -> tuple[dict, bool] | None:
         if key in self.owned:
@@ -182,6 +176,10 @@ class DesiredCache:
                         del self.by_child[key]
         return old
 
+    def runtime_class_names(self) -> set[str]:
+        """Every RuntimeClass some policy renders: the Kata classes the operator knows of."""
+        return {key[2] for key in self.by_child if key[0] == "RuntimeClass"}
+
     def for_child(self, key: ObjKey, live: dict | None = None) -> Desired | None:
         """The policy that wants `key`; given the `live` object, the one it belongs to. Two
         policies may render the same name (one of them in Conflict), and the index holds only
@@ -215,14 +213,11 @@ def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> D
     return Desired(
         policy_name=policy.name,
         policy_uid=policy.metadata.uid,
-        generation=policy.metadata.generation,
         drift_policy=policy.spec.drift_policy,
         ref=policy_ref(body),
         namespace=policy.spec.output.namespace,
         owned=owned,
         guarded=guarded,
-        sizing=rendered.sizing,
-        rendered=rendered,
     )
 
 
@@ -381,8 +376,6 @@ def _report_once(cache: DesiredCache, sink: EventSink, desired: Desired, key: Ob
 
 
 def class_status(sizing: PolicySizing) -> list[dict]:
-    from .quantity import format_mib, format_vcpus
-
     rows = []
     for c in sizing.classes:
         row = {
@@ -413,8 +406,6 @@ def unmanaged_status(findings) -> list[dict]:
 
 
 def overhead_status(sizing: PolicySizing) -> dict:
-    from .quantity import format_cpu, format_mib
-
     fn = sizing.overhead
     return {
         "guestMemoryBase": format_mib(fn.guest_memory_base_mib),
@@ -427,9 +418,7 @@ def overhead_status(sizing: PolicySizing) -> dict:
     }
 
 
-def nodes_status(rendered: Rendered) -> dict | None:
-    if rendered.guidance is None:
-        return None
+def nodes_status(rendered: Rendered) -> dict:
     return {
         "seen": sum(len(g.nodes) for g in rendered.guidance),
         "groups": len(rendered.guidance),

@@ -15,7 +15,7 @@ from .calibrate import Sample as SurveySample
 from .calibrate import CalibrationError, Fit, fit_overhead, guest_budget_mib
 from .defaults import Runtime
 from .model import KataSizingPolicy, KataSizingPolicySpec, SizeClass
-from .quantity import MIB, cpu_cores, format_cpu, format_mib, format_vcpus, memory_bytes, mib_ceil
+from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, format_vcpus, memory_bytes, mib_ceil
 
 
 class Severity:
@@ -329,7 +329,6 @@ class Explanation:
     runtime_class: str
     vm: Vm
     accounted_cpu: Decimal
-    accounted_memory_mib_exact: Decimal
     accounted_memory_bytes: int
     warnings: tuple[str, ...]
 
@@ -340,16 +339,10 @@ class Explanation:
             "vm": {"vcpus": self.vm.vcpus, "memoryMiB": self.vm.memory_mib},
             "accounted": {
                 "cpu": format_cpu(self.accounted_cpu),
-                "memory": _format_bytes(self.accounted_memory_bytes),
+                "memory": format_memory(self.accounted_memory_bytes),
             },
             "warnings": list(self.warnings),
         }
-
-
-def _format_bytes(size_bytes: int) -> str:
-    from .quantity import format_memory
-
-    return format_memory(size_bytes)
 
 
 def explain_pod(
@@ -381,7 +374,7 @@ def explain_pod(
         )
     if accounted_bytes < vm.memory_mib * MIB:
         warnings.append(
-            f"Kubernetes accounts {_format_bytes(accounted_bytes)} but the VM alone is "
+            f"Kubernetes accounts {format_memory(accounted_bytes)} but the VM alone is "
             f"{vm.memory_mib} MiB: the node is overcommitted by this pod"
         )
     if cpu_limit is not None and cpu_limit > sized.envelope_cpu:
@@ -391,11 +384,11 @@ def explain_pod(
         )
     if memory_limit_bytes is not None and memory_limit_bytes > sized.envelope_memory_mib * MIB:
         warnings.append(
-            f"memory limit {_format_bytes(memory_limit_bytes)} is above class {sized.name}'s "
+            f"memory limit {format_memory(memory_limit_bytes)} is above class {sized.name}'s "
             f"envelope {format_mib(sized.envelope_memory_mib)}; the guest budget may not cover "
             "the kernel's share of a VM this large; use a larger class"
         )
     return Explanation(
         sized.name, sized.runtime_class, vm, accounted_cpu,
-        Decimal(accounted_bytes) / MIB, accounted_bytes, tuple(warnings),
+        accounted_bytes, tuple(warnings),
     )
