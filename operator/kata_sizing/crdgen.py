@@ -92,6 +92,9 @@ _SERVER_RULES: dict[str, dict[str, Any]] = {
         "maxLength": model.MAX_HANDLER_LENGTH - 2,
     },
     "spec.runtimeClass.tolerations": {"maxItems": 32},
+    # An omitted runtimeClass becomes {} on the server, which then applies managedBy's
+    # default: the RuntimeClasses printer column shows the mode of every policy.
+    "spec.runtimeClass": {"default": {}},
     "spec.output.namespace": {"pattern": DNS_LABEL_PATTERN, "maxLength": 63},
     "spec.nodes.infraPodMemory": {"pattern": f"^(auto|{QUANTITY_PATTERN[1:-1]})$"},
     # The fit needs two samples; 64 is far more than a survey takes and bounds list size.
@@ -132,6 +135,21 @@ PRINTER_COLUMNS = [
         "name": "Ready",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    # Why a policy is not Ready (PolicyInvalid, UnmanagedRuntimeClass, RuntimeClassMissing...).
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "The Ready condition's reason: why the policy is or is not Ready.",
+    },
+    # Who creates the RuntimeClasses. spec.runtimeClass defaults to {} (see _SERVER_RULES),
+    # so the API server fills in managedBy's default and the column is never empty.
+    {
+        "name": "RuntimeClasses",
+        "type": "string",
+        "jsonPath": ".spec.runtimeClass.managedBy",
+        "description": "Who creates the RuntimeClasses: Operator, or KataDeploy (the kata-deploy chart).",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
@@ -258,9 +276,16 @@ def open_api_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {
+                "description": "katasizing.dev/v1alpha1.",
+                "type": "string",
+            },
+            "kind": {"description": "KataSizingPolicy.", "type": "string"},
+            "metadata": {
+                "description": "Standard object metadata; the name prefixes the RuntimeClasses "
+                "(kata-<name>-<class>) and the ConfigMaps.",
+                "type": "object",
+            },
             "spec": spec,
             "status": status,
         },

@@ -101,35 +101,48 @@ class _Model(BaseModel):
 class Resources(_Model):
     """A cpu/memory pair, as in RuntimeClass.overhead.podFixed."""
 
-    cpu: CpuQuantity
-    memory: MemoryQuantity
+    cpu: CpuQuantity = Field(description="CPU, as a Kubernetes quantity (600m, 1).")
+    memory: MemoryQuantity = Field(description="Memory, as a Kubernetes quantity (160Mi, 1Gi).")
 
 
 class Sample(_Model):
     """One survey row (DOMAIN.md section 3): a VM of known size and what it could use."""
 
-    container_limit_mib: int = Field(ge=0)
-    vm_nominal_mib: int = Field(gt=0)
-    free_total_mib: int = Field(ge=0)
-    free_used_mib: int = Field(ge=0)
-    pod_cgroup_memory_current_bytes: int | None = Field(default=None, ge=0)
+    container_limit_mib: int = Field(ge=0, description="The container's memory limit, MiB.")
+    vm_nominal_mib: int = Field(gt=0, description="The VM's nominal memory, MiB.")
+    free_total_mib: int = Field(ge=0, description="`total` of `free -m` inside the guest, MiB.")
+    free_used_mib: int = Field(ge=0, description="`used` of `free -m` inside the guest (the guest daemons), MiB.")
+    pod_cgroup_memory_current_bytes: int | None = Field(
+        default=None, ge=0,
+        description="The pod's host cgroup memory.current, bytes; gives the host side when set.",
+    )
 
 
 class Overhead(_Model):
     """The overhead function; unset fields take the shim family's defaults (defaults.py)."""
 
     guest_memory_base: MemoryQuantity | None = Field(
-        default=None, description="Memory the guest keeps whatever its size (kernel, daemons)."
+        default=None,
+        description="Memory the guest keeps whatever its size (kernel, daemons). Default: per shim family.",
     )
     guest_memory_ratio: DecimalString | None = Field(
-        default=None, description="Fraction of VM memory the workload cannot use, in [0, 0.9)."
+        default=None,
+        description="Fraction of VM memory the workload cannot use, in [0, 0.9), as a string "
+        "(\"0.14\"). Default: 0.14 (the survey's upper envelope).",
     )
-    guest_cpu: CpuQuantity | None = Field(default=None, description="Guest CPU budget -> overhead_vcpus.")
+    guest_cpu: CpuQuantity | None = Field(
+        default=None, description="Guest CPU budget -> overhead_vcpus. Default: per shim family."
+    )
     host_memory: MemoryQuantity | None = Field(
-        default=None, description="Shim, VMM and virtiofsd outside the VM."
+        default=None,
+        description="Shim, VMM and virtiofsd outside the VM; above 0. Default: 50Mi.",
     )
-    host_cpu: CpuQuantity | None = None
-    margin: DecimalString | None = Field(default=None, description="Safety margin on the guest budget.")
+    host_cpu: CpuQuantity | None = Field(
+        default=None, description="Host-side CPU (shim, VMM threads) added to podFixed.cpu; above 0. Default: 50m."
+    )
+    margin: DecimalString | None = Field(
+        default=None, description="Safety margin on the guest budget, at most 1.0. Default: \"0.10\"."
+    )
     samples: list[Sample] | None = Field(
         default=None,
         description="Measured survey rows; when given, base and ratio are fitted from them.",
@@ -174,8 +187,10 @@ class Overhead(_Model):
 class Fallback(_Model):
     """default_vcpus/default_memory: the VM of a pod without limits."""
 
-    cpu: CpuQuantity = defaults.FALLBACK_CPU
-    memory: MemoryQuantity = defaults.FALLBACK_MEMORY
+    cpu: CpuQuantity = Field(
+        default=defaults.FALLBACK_CPU, description="default_vcpus: whole vCPUs, at least 1."
+    )
+    memory: MemoryQuantity = Field(default=defaults.FALLBACK_MEMORY, description="default_memory.")
 
     @field_validator("cpu")
     @classmethod
@@ -187,14 +202,28 @@ class Fallback(_Model):
 
 
 class SizeClass(_Model):
+    """One size class: the largest pod it serves, and optional measured values."""
+
     name: str = Field(description="DNS label; RuntimeClass and handler <namePrefix>-<name>.")
     cpu: CpuQuantity = Field(description="Largest pod CPU limit this class serves.")
     memory: MemoryQuantity = Field(description="Largest pod memory limit this class serves.")
-    overhead_vcpus: DecimalString | None = Field(default=None, description="Measured overhead_vcpus.")
-    overhead_memory: MemoryQuantity | None = Field(default=None, description="Measured overhead_memory.")
-    default_vcpus: int | None = Field(default=None, ge=1, description="Measured default_vcpus.")
-    default_memory: MemoryQuantity | None = Field(default=None, description="Measured default_memory.")
-    pod_fixed: Resources | None = Field(default=None, description="Measured podFixed.")
+    overhead_vcpus: DecimalString | None = Field(
+        default=None, description="Measured overhead_vcpus (Rust runtime), used as given and still validated."
+    )
+    overhead_memory: MemoryQuantity | None = Field(
+        default=None, description="Measured overhead_memory (Rust runtime), used as given and still validated."
+    )
+    default_vcpus: int | None = Field(
+        default=None, ge=1, description="Measured default_vcpus, used as given."
+    )
+    default_memory: MemoryQuantity | None = Field(
+        default=None, description="Measured default_memory, used as given and still validated."
+    )
+    pod_fixed: Resources | None = Field(
+        default=None,
+        description="Measured RuntimeClass overhead.podFixed; must stay above overhead_* "
+        "(Rust) or default_memory (Go).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -215,17 +244,33 @@ class SizeClass(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    """A toleration copied into each RuntimeClass's scheduling (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, description="The taint key; empty with Exists matches all.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal (default).")
+    value: str | None = Field(default=None, description="The taint value, for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
 
 
 class RuntimeClassSpec(_Model):
-    name_prefix: str | None = Field(default=None, description="Default: kata-<policy name>.")
-    node_selector: dict[str, str] = Field(default_factory=lambda: dict(defaults.KATA_NODE_LABEL))
-    tolerations: list[Toleration] = Field(default_factory=list)
+    """The RuntimeClasses: names, scheduling and who creates them."""
+
+    name_prefix: str | None = Field(
+        default=None,
+        description="RuntimeClass and handler names are <namePrefix>-<class>. Default: kata-<policy name>.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: dict(defaults.KATA_NODE_LABEL),
+        description="scheduling.nodeSelector of each RuntimeClass. Default: katacontainers.io/kata-runtime=true.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="scheduling.tolerations of each RuntimeClass."
+    )
     managed_by: Literal["Operator", "KataDeploy"] = Field(
         default="Operator",
         description="Operator: the operator creates RuntimeClasses. KataDeploy: the chart does, "
@@ -241,9 +286,18 @@ class RuntimeClassSpec(_Model):
 
 
 class Nodes(_Model):
-    selector: dict[str, str] = Field(default_factory=lambda: dict(defaults.KATA_NODE_LABEL))
-    system_reserved: MemoryQuantity = defaults.NODE_SYSTEM_RESERVED
-    kube_reserved: MemoryQuantity = defaults.NODE_KUBE_RESERVED
+    """The Kata nodes and their kubelet reservations, for the node guidance."""
+
+    selector: dict[str, str] = Field(
+        default_factory=lambda: dict(defaults.KATA_NODE_LABEL),
+        description="Labels of the nodes the guidance covers. Default: katacontainers.io/kata-runtime=true.",
+    )
+    system_reserved: MemoryQuantity = Field(
+        default=defaults.NODE_SYSTEM_RESERVED, description="KubeletConfiguration systemReserved.memory."
+    )
+    kube_reserved: MemoryQuantity = Field(
+        default=defaults.NODE_KUBE_RESERVED, description="KubeletConfiguration kubeReserved.memory."
+    )
     eviction_hard: MemoryQuantity = Field(
         default=defaults.NODE_EVICTION_HARD, description="evictionHard[memory.available]."
     )
@@ -263,6 +317,8 @@ class Nodes(_Model):
 
 
 class Output(_Model):
+    """Where the ConfigMaps go."""
+
     namespace: str = Field(default="kata-sizing", description="Namespace of the ConfigMaps.")
 
     @field_validator("namespace")
@@ -281,8 +337,13 @@ class KataSizingPolicySpec(_Model):
     hypervisor: Literal[defaults.HYPERVISORS] | None = Field(  # type: ignore[valid-type]
         default=None, description="TOML section [hypervisor.<name>]; default from the shim."
     )
-    sandbox_cgroup_only: bool = defaults.SANDBOX_CGROUP_ONLY
-    hugepages: bool = False
+    sandbox_cgroup_only: bool = Field(
+        default=defaults.SANDBOX_CGROUP_ONLY,
+        description="sandbox_cgroup_only: put the shim and VMM in the pod's cgroup so podFixed is enforced.",
+    )
+    hugepages: bool = Field(
+        default=False, description="enable_hugepages; with true, /dev/shm does not limit the VMs."
+    )
     overhead: Overhead = Field(default_factory=Overhead)
     fallback: Fallback = Field(default_factory=Fallback)
     classes: list[SizeClass] | None = Field(
@@ -291,7 +352,11 @@ class KataSizingPolicySpec(_Model):
     runtime_class: RuntimeClassSpec = Field(default_factory=RuntimeClassSpec)
     nodes: Nodes = Field(default_factory=Nodes)
     output: Output = Field(default_factory=Output)
-    drift_policy: Literal["Correct", "Report"] = "Correct"
+    drift_policy: Literal["Correct", "Report"] = Field(
+        default="Correct",
+        description="Correct: hand edits of managed objects are put back. Report: they are "
+        "counted and announced as events only.",
+    )
 
     @field_validator("shim")
     @classmethod
@@ -368,28 +433,38 @@ class ObjectMeta(BaseModel):
 
 
 class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    observed_generation: int | None = None
-    last_transition_time: str | None = None
+    """A Kubernetes condition: Valid, InSync, Conflict or Ready."""
+
+    type: str = Field(description="Valid, InSync, Conflict or Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="One CamelCase word saying why (shown by kubectl get ksp).")
+    message: str = Field(default="", description="What is wrong, for people.")
+    observed_generation: int | None = Field(
+        default=None, description="The policy generation this condition describes."
+    )
+    last_transition_time: str | None = Field(
+        default=None, description="When status last changed (RFC 3339)."
+    )
 
 
 class LargestVm(_Model):
-    vcpus: int
-    memory_mib: int = Field(alias="memoryMiB")
+    """The VM Kata boots for the largest pod of a class."""
+
+    vcpus: int = Field(description="vCPUs at boot.")
+    memory_mib: int = Field(alias="memoryMiB", description="VM memory, MiB.")
 
 
 class ClassStatus(_Model):
-    name: str
-    runtime_class: str
-    pod_fixed: Resources
-    overhead_vcpus: str | None = None
-    overhead_memory: str | None = None
-    default_vcpus: int
-    default_memory: str
-    largest_vm: LargestVm
+    """One sized class as applied."""
+
+    name: str = Field(description="The class name.")
+    runtime_class: str = Field(description="The RuntimeClass (and handler) name.")
+    pod_fixed: Resources = Field(description="The RuntimeClass overhead.podFixed.")
+    overhead_vcpus: str | None = Field(default=None, description="overhead_vcpus in the drop-in (Rust runtime).")
+    overhead_memory: str | None = Field(default=None, description="overhead_memory in the drop-in (Rust runtime).")
+    default_vcpus: int = Field(description="default_vcpus in the drop-in.")
+    default_memory: str = Field(description="default_memory in the drop-in.")
+    largest_vm: LargestVm = Field(description="The VM of the class's largest pod.")
 
 
 class NodesStatus(_Model):
@@ -401,37 +476,43 @@ class NodesStatus(_Model):
 class OverheadStatus(_Model):
     """The overhead function in effect: the policy's fields, a fit of its samples, or defaults."""
 
-    guest_memory_base: str
-    guest_memory_ratio: str
-    guest_cpu: str
-    host_memory: str
-    host_cpu: str
-    margin: str
+    guest_memory_base: str = Field(description="Memory the guest keeps whatever its size.")
+    guest_memory_ratio: str = Field(description="Fraction of VM memory the workload cannot use.")
+    guest_cpu: str = Field(description="Guest CPU budget.")
+    host_memory: str = Field(description="Host-side memory outside the VM.")
+    host_cpu: str = Field(description="Host-side CPU.")
+    margin: str = Field(description="Safety margin on the guest budget.")
     fitted: bool = Field(default=False, description="True when fitted from spec.overhead.samples.")
 
 
 class UnmanagedRuntimeClass(_Model):
     """A RuntimeClass with a Kata handler that no policy manages, and what is wrong with it."""
 
-    runtime_class: str
-    handler: str | None = None
-    severity: Literal["error", "warning"]
-    rule: str
-    message: str
-    fix: str = ""
+    runtime_class: str = Field(description="The RuntimeClass name.")
+    handler: str | None = Field(default=None, description="Its handler.")
+    severity: Literal["error", "warning"] = Field(description="error: pods are under-accounted; warning: a risk.")
+    rule: str = Field(description="The sizing rule it breaks.")
+    message: str = Field(description="What is wrong, with the two values.")
+    fix: str = Field(default="", description="How to fix it.")
 
 
 class KataSizingPolicyStatus(_Model):
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None, description="The policy generation the operator last acted on."
+    )
     runtime: Literal["Rust", "Go"] | None = Field(default=None, description="The runtime sized for.")
     class_names: str | None = Field(default=None, description="The classes, comma-separated (for kubectl get).")
-    conditions: list[Condition] = Field(default_factory=list)
-    classes: list[ClassStatus] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Valid, InSync, Conflict and Ready, keyed by type."
+    )
+    classes: list[ClassStatus] = Field(default_factory=list, description="The sized classes as applied.")
     drift_corrections: int = Field(default=0, description="Hand edits put back (driftPolicy Correct).")
     drift_detected: int = Field(default=0, description="Hand edits reported, not corrected (driftPolicy Report).")
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(
+        default_factory=list, description="Sizing warnings of a valid policy (pods without limits under-accounted)."
+    )
     overhead: OverheadStatus | None = None
-    nodes: NodesStatus | None = None
+    nodes: NodesStatus | None = Field(default=None, description="What the node guidance covers.")
     unmanaged_runtime_classes: list[UnmanagedRuntimeClass] = Field(
         default_factory=list,
         description="Audit of Kata RuntimeClasses on the cluster that no policy manages.",
