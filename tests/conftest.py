@@ -30,3 +30,6 @@ def cluster_without_gc(tmp_path, monkeypatch) -> Iterator[OperatorCluster]:
     """As `cluster`, but ownerReferences are not garbage-collected: only the operator's cleanup removes."""
     yield from _operator_cluster(tmp_path, monkeypatch, garbage_collection=False)
 # ---- end of operator scenario fixtures ----
+
+# ---- The real control plane (tests/realcluster.py): `control_plane`, `real_operator` ----
+from tests.realcluster import control_plane, pytest_runtest_makereport, real_operator  # noqa: E402,F401

@@ -8,6 +8,9 @@
 //
 // It writes DIR/ca.crt, DIR/admin.token, DIR/operator.token and DIR/admin.kubeconfig,
 // prints "controlplane ready" once /readyz answers ok, and stops everything on SIGTERM.
+// DIR/audit.log is the API server's audit log (JSON lines, level Metadata) of every request
+// made with the operator's identity: what the real authorizer allowed or refused (403), and
+// every write, for the tests to count.
 // SIGUSR1 compacts etcd at its current revision, which expires every older watch (410).
 // The API server and controller manager run as child processes of this same binary
 // (their global flag and metric registries are not meant to share one process).
@@ -105,6 +108,10 @@ func run() error {
 		"--profiling=false",
 		// No kubelet or Service traffic here: the kubernetes Service endpoint would be loopback.
 		"--endpoint-reconciler-type=none",
+		"--audit-policy-file=" + filepath.Join(*dir, "audit-policy.yaml"),
+		"--audit-log-path=" + filepath.Join(*dir, "audit.log"),
+		"--audit-log-format=json",
+		"--audit-log-mode=blocking",
 		"--v=1",
 	}, flag.Args()...)
 	api := exec.Command(self, apiArgs...)
@@ -233,11 +240,20 @@ func writeCredentials(dir, saUser string, apiPort int) error {
 		ns = parts[2]
 	}
 	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,operator-uid,\"system:serviceaccounts,system:serviceaccounts:%s,system:authenticated\"\n",
-		admin, saUser, operator, ns)
+		admin, operator, saUser, ns)
 	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(tokens), 0o600); err != nil {
 		return err
 	}
-	for name, value := range map[string]string{"admin.token": admin, "operator.token": operator} {
+	auditPolicy := fmt.Sprintf(`apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: [%q]
+- level: None
+`, saUser)
+	files := map[string]string{"admin.token": admin, "operator.token": operator, "audit-policy.yaml": auditPolicy}
+	for name, value := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(value), 0o600); err != nil {
 			return err
 		}

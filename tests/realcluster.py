@@ -1,0 +1,415 @@
+"""A real Kubernetes control plane for the tests, and the operator run against it.
+
+`make controlplane` builds `.tools/controlplane` from tests/controlplane/ (embedded etcd, the
+real kube-apiserver v1.37.2 with RBAC and the default admission plugins, and the
+kube-controller-manager's garbage-collector, namespace and serviceaccount controllers). This
+plugin starts it once per test session on free 127.0.0.1 ports, installs kata-sizing with the
+real `kubectl apply -k manifests/`, and gives the tests:
+
+- `control_plane`: a `ControlPlane` (admin REST calls, `kubectl`, the API server's audit log of
+  every request made with the operator's ServiceAccount identity);
+- `real_operator`: a `RealOperator` not yet started; `start()` runs `kata-sizing operator` as a
+  subprocess with the ServiceAccount's token, so the real authorizer enforces the ClusterRole.
+  At the end of each test the operator's policies are deleted (finalizers run), it is stopped,
+  and the test fails if the API server answered any of its requests with 403.
+
+Without the binary (no Go on the machine) the tests that use it skip with one reason; with
+KATA_SIZING_REQUIRE_CONTROLPLANE=1 (set by .ci/run) that skip is a failure instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / ".tools" / "controlplane"
+KUBECTL = ROOT / ".tools" / "kubectl"
+OPERATOR_NAMESPACE = "kata-sizing"
+OPERATOR_SA = "kata-sizing"
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
+CRD_NAME = "katasizingpolicies.katasizing.dev"
+REQUIRE_ENV = "KATA_SIZING_REQUIRE_CONTROLPLANE"
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+POLICIES = "/apis/katasizing.dev/v1alpha1/katasizingpolicies"
+RUNTIME_CLASSES = "/apis/node.k8s.io/v1/runtimeclasses"
+
+T = TypeVar("T")
+
+
+def configmaps(namespace: str = OPERATOR_NAMESPACE) -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def poll(predicate: Callable[[], T], timeout: float = 10, message: str | Callable[[], str] = "",
+         interval: float = 0.05) -> T:
+    """Call `predicate` until it returns something truthy; return that, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"not met within {timeout}s: {text or predicate}")
+        time.sleep(interval)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: dict | str) -> None:
+        self.status, self.body = status, body
+        message = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"HTTP {status}: {message}")
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One request the operator's identity made, as the API server's audit log saw it."""
+
+    verb: str
+    group: str
+    resource: str  # with "/subresource" where there is one
+    namespace: str
+    name: str
+    code: int
+    uri: str
+
+    @property
+    def permission(self) -> tuple[str, str, str]:
+        return self.group, self.resource, self.verb
+
+
+class ControlPlane:
+    """The running control plane: admin REST calls, kubectl, the operator's audit trail."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.state = workdir / "state"
+        self.log_path = workdir / "controlplane.log"
+        self.etcd_port, self.api_port = free_port(), free_port()
+        self.url = f"https://127.0.0.1:{self.api_port}"
+        self.process: subprocess.Popen | None = None
+        self.admin_kubeconfig = self.state / "admin.kubeconfig"
+        self.operator_kubeconfig = workdir / "operator.kubeconfig"
+        self.audit_path = self.state / "audit.log"
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    def start(self, timeout: float = 180) -> None:
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
+             "--apiserver-port", str(self.api_port), "--sa-user", OPERATOR_USER],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        poll(lambda: self.process.poll() is not None or b"controlplane ready" in self.log_path.read_bytes(),
+             timeout, "the control plane printed 'controlplane ready'", interval=0.2)
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the control plane exited ({self.process.returncode}):\n{self.log_tail()}")
+        self._ssl = ssl.create_default_context(cafile=str(self.state / "ca.crt"))
+        self._admin_token = (self.state / "admin.token").read_text().strip()
+        self.operator_kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+            "clusters": [{"name": "controlplane", "cluster": {
+                "server": self.url, "certificate-authority": str(self.state / "ca.crt")}}],
+            "users": [{"name": "operator", "user": {
+                "token": (self.state / "operator.token").read_text().strip()}}],
+            "contexts": [{"name": "operator", "context": {"cluster": "controlplane", "user": "operator"}}],
+        }))
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def install(self) -> None:
+        """What the README tells a user: `kubectl apply -k manifests/`, then wait for the CRD."""
+        self.kubectl("apply", "-k", str(ROOT / "manifests"))
+        self.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        # Established is not yet servable: the first lists answer 429 "storage is (re)initializing"
+        # for a moment (the operator retries that; the tests should not race it).
+        poll(lambda: self.kubectl("get", "ksp", check=False).returncode == 0, 30, "kubectl get ksp works")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the control plane's log that are not klog info lines."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join([line for line in text if not line.startswith("I")][-lines:])
+
+    def compact_etcd(self) -> None:
+        """Compact etcd at its current revision: every watch from an older revision gets 410 Gone."""
+        before = self.log_path.read_bytes().count(b"compacted etcd")
+        self.process.send_signal(signal.SIGUSR1)
+        poll(lambda: self.log_path.read_bytes().count(b"compacted etcd") > before, 10, "etcd compacted")
+
+    # --- admin access -------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self._admin_token}", "Content-Type": content_type,
+            "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(req, context=self._ssl, timeout=30) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                detail: dict | str = json.loads(raw)
+            except ValueError:
+                detail = raw.decode(errors="replace")
+            raise ApiError(err.code, detail) from None
+
+    def get(self, path: str) -> dict | None:
+        try:
+            return self.request("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def items(self, path: str, label_selector: str | None = None) -> dict[str, dict]:
+        query = f"?labelSelector={urllib.request.quote(label_selector)}" if label_selector else ""
+        return {o["metadata"]["name"]: o for o in self.request("GET", path + query)["items"]}
+
+    def create(self, path: str, body: dict) -> dict:
+        return self.request("POST", path, body)
+
+    def replace(self, path: str, body: dict) -> dict:
+        return self.request("PUT", f"{path}/{body['metadata']['name']}", body)
+
+    def merge_patch(self, path: str, patch: dict) -> dict:
+        return self.request("PATCH", path, patch, "application/merge-patch+json")
+
+    def delete(self, path: str) -> None:
+        try:
+            self.request("DELETE", path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    def edit(self, path: str, change: Callable[[dict], None]) -> dict:
+        """A hand edit (`kubectl edit`): read, change, write back with the read resourceVersion."""
+        body = self.get(path)
+        assert body is not None, f"{path} does not exist"
+        change(body)
+        return self.request("PUT", path, body)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                as_operator: bool = False, timeout: float = 90) -> subprocess.CompletedProcess:
+        kubeconfig = self.operator_kubeconfig if as_operator else self.admin_kubeconfig
+        proc = subprocess.run(
+            [str(KUBECTL), f"--kubeconfig={kubeconfig}", *args], input=input, capture_output=True,
+            text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+        return proc
+
+    def apply(self, *documents: dict, check: bool = True) -> subprocess.CompletedProcess:
+        return self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents), check=check)
+
+    # --- what the operator's identity did -----------------------------------------------
+
+    def audit_offset(self) -> int:
+        try:
+            return self.audit_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def operator_requests(self, since: int = 0) -> list[AuditEvent]:
+        """Every completed request made with the operator's identity, from byte `since` on."""
+        try:
+            with self.audit_path.open("rb") as f:
+                f.seek(since)
+                raw = f.read()
+        except FileNotFoundError:
+            return []
+        events = []
+        for line in raw.splitlines():
+            entry = json.loads(line)
+            # A watch is logged when its response starts (it may never complete); the rest when done.
+            stage = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
+            if entry.get("stage") not in (stage, "Panic"):
+                continue
+            if (entry.get("user") or {}).get("username") != OPERATOR_USER:
+                continue
+            ref = entry.get("objectRef") or {}
+            resource = ref.get("resource", "")
+            if ref.get("subresource"):
+                resource = f"{resource}/{ref['subresource']}"
+            events.append(AuditEvent(
+                verb=entry["verb"], group=ref.get("apiGroup", ""), resource=resource,
+                namespace=ref.get("namespace", ""), name=ref.get("name", ""),
+                code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", "")))
+        return events
+
+    def operator_writes(self, since: int = 0, resource: str | None = None) -> list[AuditEvent]:
+        return [e for e in self.operator_requests(since)
+                if e.verb in WRITE_VERBS and (resource is None or e.resource == resource)]
+
+
+class RealOperator:
+    """`kata-sizing operator` as a subprocess with the operator ServiceAccount's identity."""
+
+    def __init__(self, control_plane: ControlPlane, workdir: Path) -> None:
+        self.cp = control_plane
+        self.workdir = workdir
+        self.process: subprocess.Popen | None = None
+        self.log_path = workdir / "operator.log"
+        self.started_at_offset = 0
+        self._log_handle = None
+
+    def start(self, *args: str, resync_s: float = 300, guidance_s: float = 1, **env: str) -> RealOperator:
+        assert self.process is None, "the operator is already running"
+        health = free_port()
+        full_env = {
+            **os.environ, "KUBECONFIG": str(self.cp.operator_kubeconfig),
+            "KATA_SIZING_RESYNC_SECONDS": str(resync_s), "KATA_SIZING_GUIDANCE_SECONDS": str(guidance_s),
+            "PYTHONUNBUFFERED": "1", **env,
+        }
+        self.started_at_offset = self.cp.audit_offset()
+        self._log_handle = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kata_sizing.cli", "operator", "--standalone",
+             "--liveness", f"http://127.0.0.1:{health}/healthz", *args],
+            env=full_env, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+
+        def healthy() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the operator exited ({self.process.returncode}):\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+        poll(healthy, 30, "the operator's liveness endpoint answers 200", interval=0.1)
+        return self
+
+    def stop(self) -> int | None:
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._log_handle.close()
+        return process.returncode
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def forbidden(self, since: int = 0) -> list[AuditEvent]:
+        return [e for e in self.cp.operator_requests(since) if e.code == 403]
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if not BINARY.exists():
+        reason = ("the real control plane is not built (.tools/controlplane; `make controlplane` "
+                  "needs Go): real-server tests skipped")
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
+        pytest.skip(reason)
+    if not KUBECTL.exists():
+        pytest.fail("the real kubectl is missing (.tools/kubectl; `make tools`)")
+    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    try:
+        cp.start()
+        cp.install()
+        yield cp
+    finally:
+        cp.stop()
+
+
+def delete_policies(cp: ControlPlane, operator_running: bool) -> None:
+    """Delete every KataSizingPolicy; with the operator stopped, drop finalizers so none hangs."""
+    for name in cp.items(POLICIES):
+        if not operator_running:
+            cp.merge_patch(f"{POLICIES}/{name}", {"metadata": {"finalizers": None}})
+        cp.delete(f"{POLICIES}/{name}")
+    poll(lambda: not cp.items(POLICIES), 30, lambda: f"policies still there: {sorted(cp.items(POLICIES))}")
+
+
+@pytest.fixture
+def real_operator(control_plane: ControlPlane, tmp_path: Path) -> Iterator[RealOperator]:
+    """The operator, not yet started (`real_operator.start()`); the test leaves no policy behind
+    and the operator's identity met no 403."""
+    operator = RealOperator(control_plane, tmp_path)
+    start = control_plane.audit_offset()
+    try:
+        yield operator
+    finally:
+        try:
+            delete_policies(control_plane, operator.running)
+        finally:
+            operator.stop()
+            leftovers(control_plane)
+    refused = operator.forbidden(start)
+    assert not refused, f"the API server refused the operator (403): {refused}"
+
+
+def leftovers(cp: ControlPlane) -> None:
+    """Remove what a test left behind so the next one starts from an empty cluster: every
+    RuntimeClass (the control plane has none of its own) and the policies' ConfigMaps."""
+    for name in cp.items(RUNTIME_CLASSES):
+        cp.delete(f"{RUNTIME_CLASSES}/{name}")
+    for name in cp.items(configmaps(), "katasizing.dev/policy"):
+        cp.delete(f"{configmaps()}/{name}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.failed and "control_plane" in getattr(item, "fixturenames", ()):
+        cp = item.funcargs.get("control_plane") if hasattr(item, "funcargs") else None
+        if isinstance(cp, ControlPlane):
+            report.sections.append(("control plane", f"log: {cp.log_path}\n{cp.log_tail()}"))
+        operator = item.funcargs.get("real_operator") if hasattr(item, "funcargs") else None
+        if isinstance(operator, RealOperator):
+            report.sections.append(("operator", f"log: {operator.log_path}\n{operator.log()[-4000:]}"))
+    return report

@@ -1,0 +1,350 @@
+"""The operator against the real kube-apiserver (tests/realcluster.py), with the identity of its
+ServiceAccount, so the real authorizer enforces manifests/clusterrole.yaml.
+
+What the API server itself decides is proven here: the CRD's schema, enums and CEL rules, the
+printer columns, RuntimeClass.handler immutability, resourceVersion conflicts, label selectors,
+finalizers, the garbage collector and the namespace controller, RBAC. Each test starts its own
+operator and leaves no policy behind (the `real_operator` fixture), and fails on any 403.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.operator_helpers import explicit_classes_policy
+from tests.realcluster import (
+    POLICIES, RUNTIME_CLASSES, ApiError, ControlPlane, RealOperator, configmaps, poll,
+)
+
+pytestmark = pytest.mark.realserver
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "kata-sizing"
+CLASSES = ("s", "m", "l", "xl")
+
+
+# --- helpers: what a user would look at ----------------------------------------------------------
+
+
+def render(policy: dict, tmp_path: Path) -> dict[tuple[str, str], dict]:
+    """`kata-sizing render -o json` of the policy: {(kind, name): object}."""
+    path = tmp_path / f"{policy['metadata']['name']}-render.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    out = subprocess.run([sys.executable, "-m", "kata_sizing.cli", "render", str(path), "-o", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    parsed = json.loads(out)
+    items = parsed["items"] if isinstance(parsed, dict) and "items" in parsed else parsed
+    return {(o["kind"], o["metadata"]["name"]): o for o in items}
+
+
+def status(cp: ControlPlane, name: str) -> dict:
+    return (cp.get(f"{POLICIES}/{name}") or {}).get("status") or {}
+
+
+def conditions(cp: ControlPlane, name: str) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in status(cp, name).get("conditions") or []}
+
+
+def wait_observed(cp: ControlPlane, name: str, timeout: float = 20, **expected: str) -> dict:
+    def done() -> bool:
+        body = cp.get(f"{POLICIES}/{name}") or {}
+        st = body.get("status") or {}
+        if st.get("observedGeneration") != body.get("metadata", {}).get("generation"):
+            return False
+        found = {c["type"]: c["status"] for c in st.get("conditions") or []}
+        return all(found.get(k) == v for k, v in expected.items())
+    poll(done, timeout, lambda: f"status of {name}: {status(cp, name)}")
+    return status(cp, name)
+
+
+def rc_path(name: str) -> str:
+    return f"{RUNTIME_CLASSES}/{name}"
+
+
+def cm_path(name: str) -> str:
+    return f"{configmaps(NAMESPACE)}/{name}"
+
+
+def runtime_classes(cp: ControlPlane, policy: str) -> dict[str, dict]:
+    return cp.items(RUNTIME_CLASSES, f"katasizing.dev/policy={policy}")
+
+
+def policy_configmaps(cp: ControlPlane, policy: str) -> dict[str, dict]:
+    return cp.items(configmaps(NAMESPACE), f"katasizing.dev/policy={policy}")
+
+
+def pod_fixed(cp: ControlPlane, name: str) -> dict | None:
+    return ((cp.get(rc_path(name)) or {}).get("overhead") or {}).get("podFixed")
+
+
+def versions(objects: dict[str, dict]) -> dict[str, str]:
+    return {name: o["metadata"]["resourceVersion"] for name, o in objects.items()}
+
+
+def quiet(cp: ControlPlane, seconds: float = 1.5, timeout: float = 20) -> None:
+    """Wait until the operator has made no write for `seconds`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        mark = cp.audit_offset()
+        time.sleep(seconds)
+        if not cp.operator_writes(mark):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the operator kept writing: {cp.operator_writes(mark)[-5:]}")
+
+
+def create_ready(cp: ControlPlane, body: dict) -> dict:
+    cp.apply(body)
+    return wait_observed(cp, body["metadata"]["name"], Ready="True")
+
+
+def qemu_rs(name: str = "qemu-rs", **spec) -> dict:
+    return explicit_classes_policy(name, **spec)
+
+
+# --- the custom resource as the API server enforces it ---------------------------------------------
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (lambda s: s.update(runtime="Java"), "spec.runtime", "Unsupported value"),
+    (lambda s: s["overhead"].update(guestMemoryRatio="0.95"), "spec.overhead.guestMemoryRatio", "0.9"),
+    (lambda s: s["classes"].append({"name": "s", "cpu": "32", "memory": "128Gi"}), "spec.classes",
+     "class names must be unique"),
+    (lambda s: s.pop("shim"), "spec.shim", "Required value"),
+    (lambda s: s.update(driftPolicy="Ignore"), "spec.driftPolicy", "Unsupported value"),
+    (lambda s: s["runtimeClass"].update(managedBy="Helm"), "spec.runtimeClass.managedBy", "Unsupported value"),
+    (lambda s: s.update(surprise=True), "spec.surprise", "unknown field"),
+], ids=["runtime-enum", "ratio-cel", "unique-classes-cel", "shim-required", "drift-enum",
+        "managedBy-enum", "unknown-field"])
+def test_the_api_server_refuses_a_malformed_policy_naming_the_field(control_plane, change, field, words):
+    body = qemu_rs("malformed")
+    body["spec"].setdefault("overhead", {"guestMemoryRatio": "0.14"})
+    body["spec"].setdefault("runtimeClass", {})
+    change(body["spec"])
+    result = control_plane.apply(body, check=False)
+    assert result.returncode != 0, f"the server accepted it: {result.stdout}"
+    assert field in result.stderr and words in result.stderr, result.stderr
+    assert control_plane.get(f"{POLICIES}/malformed") is None
+
+
+def test_kubectl_get_ksp_shows_the_printer_columns(control_plane, real_operator):
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("columns"))
+    out = control_plane.kubectl("get", "ksp", "columns").stdout.splitlines()
+    header = out[0].split()
+    row = dict(zip(header, out[1].split()))
+    assert header[:5] == ["NAME", "SHIM", "MODE", "CLASSES", "READY"], out
+    assert row["SHIM"] == "qemu-runtime-rs" and row["MODE"] == "Rust" and row["READY"] == "True", out
+    assert row["CLASSES"].split(",") == list(CLASSES), out
+
+
+# --- reconcile -----------------------------------------------------------------------------------
+
+
+def test_create_writes_what_render_prints(control_plane, real_operator, tmp_path):
+    real_operator.start()
+    body = qemu_rs("created")
+    create_ready(control_plane, body)
+    expected = render(body, tmp_path)
+    live_rcs = runtime_classes(control_plane, "created")
+    assert sorted(live_rcs) == [f"kata-qemu-rs-{c}" for c in sorted(CLASSES)] or \
+        sorted(live_rcs) == sorted(n for k, n in expected if k == "RuntimeClass")
+    for (kind, name), obj in expected.items():
+        if kind == "RuntimeClass":
+            live = live_rcs[name]
+            assert live["handler"] == obj["handler"] == name
+            assert live["overhead"] == obj["overhead"]
+            assert live["scheduling"] == obj["scheduling"]
+            assert live["metadata"]["labels"] == obj["metadata"]["labels"]
+            # The real server keeps the ownerReference to the cluster-scoped policy.
+            assert live["metadata"]["ownerReferences"][0]["kind"] == "KataSizingPolicy"
+        elif kind == "ConfigMap" and not name.endswith("node-guidance"):
+            assert control_plane.get(cm_path(name))["data"] == obj["data"], name
+    assert set(policy_configmaps(control_plane, "created")) == {
+        "created-kata-deploy-values", "created-dropins", "created-node-guidance"}
+
+
+def test_update_add_and_remove_a_class_and_rename_the_prefix(control_plane, real_operator, tmp_path):
+    real_operator.start()
+    body = qemu_rs("changing")
+    create_ready(control_plane, body)
+    before = pod_fixed(control_plane, "kata-changing-s") or pod_fixed(control_plane, "kata-qemu-rs-s")
+    prefix = next(iter(runtime_classes(control_plane, "changing"))).rsplit("-", 1)[0]
+
+    # A bigger envelope for s: a bigger guest budget, a bigger podFixed.
+    body["spec"]["classes"][0]["memory"] = "2Gi"
+    body["spec"]["classes"].append({"name": "xxl", "cpu": "32", "memory": "128Gi"})
+    del body["spec"]["classes"][2]  # l
+    control_plane.apply(body)
+    wait_observed(control_plane, "changing", Ready="True")
+    expected = render(body, tmp_path)
+    names = sorted(runtime_classes(control_plane, "changing"))
+    assert names == sorted(n for k, n in expected if k == "RuntimeClass")
+    assert f"{prefix}-l" not in names and f"{prefix}-xxl" in names
+    assert pod_fixed(control_plane, f"{prefix}-s") == expected[("RuntimeClass", f"{prefix}-s")]["overhead"]["podFixed"]
+    assert pod_fixed(control_plane, f"{prefix}-s") != before
+
+    body["spec"].setdefault("runtimeClass", {})["namePrefix"] = "kata-renamed"
+    control_plane.apply(body)
+    wait_observed(control_plane, "changing", Ready="True")
+    poll(lambda: sorted(runtime_classes(control_plane, "changing")) ==
+         [f"kata-renamed-{c}" for c in sorted(["s", "m", "xl", "xxl"])], 20,
+         lambda: f"RuntimeClasses: {sorted(runtime_classes(control_plane, 'changing'))}")
+    assert not any(n.startswith(prefix + "-") for n in control_plane.items(RUNTIME_CLASSES))
+
+
+def test_a_changed_handler_is_deleted_and_recreated(control_plane, real_operator):
+    """handler is immutable on the real server (422 on update): the operator must re-create."""
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("handler"))
+    name = sorted(runtime_classes(control_plane, "handler"))[0]
+    live = control_plane.get(rc_path(name))
+    changed = copy.deepcopy(live)
+    changed["handler"] = "kata-something-else"
+    with pytest.raises(ApiError) as refused:
+        control_plane.request("PUT", rc_path(name), changed)
+    assert refused.value.status == 422 and "immutable" in str(refused.value.body)
+
+    # Someone replaces it with another handler, labels kept: drift the operator must undo.
+    control_plane.delete(rc_path(name))
+    for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+        changed["metadata"].pop(key, None)
+    control_plane.create(RUNTIME_CLASSES, changed)
+    poll(lambda: (control_plane.get(rc_path(name)) or {}).get("handler") == name, 10,
+         lambda: f"{name}: {control_plane.get(rc_path(name))}")
+
+
+def test_drift_of_every_managed_field_and_deletion_of_every_object_is_put_back(control_plane, real_operator):
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("drift"))
+    quiet(control_plane)
+    rcs = runtime_classes(control_plane, "drift")
+    cms = policy_configmaps(control_plane, "drift")
+    first_rc = sorted(rcs)[0]
+    good = {name: copy.deepcopy(obj) for name, obj in rcs.items()}
+
+    edits = {
+        "podFixed.cpu": lambda o: o["overhead"]["podFixed"].update(cpu="1m"),
+        "podFixed.memory": lambda o: o["overhead"]["podFixed"].update(memory="1Mi"),
+        "nodeSelector": lambda o: o.setdefault("scheduling", {}).update(nodeSelector={"other": "node"}),
+        "tolerations": lambda o: o.setdefault("scheduling", {}).update(
+            tolerations=[{"key": "x", "operator": "Exists", "effect": "NoSchedule"}]),
+        "policy label": lambda o: o["metadata"]["labels"].update({"katasizing.dev/class": "zz"}),
+    }
+    for what, change in edits.items():
+        control_plane.edit(rc_path(first_rc), change)
+        poll(lambda: (lambda o: o["overhead"] == good[first_rc]["overhead"]
+                      and o.get("scheduling") == good[first_rc].get("scheduling")
+                      and o["metadata"]["labels"] == good[first_rc]["metadata"]["labels"])(
+                          control_plane.get(rc_path(first_rc))), 10, f"{what} restored")
+
+    for name, cm in cms.items():
+        key = sorted(cm["data"])[0]
+        control_plane.edit(cm_path(name), lambda o, key=key: o["data"].update({key: "edited by hand"}))
+        poll(lambda name=name, key=key: control_plane.get(cm_path(name))["data"][key] == cm["data"][key]
+             or name.endswith("node-guidance") and control_plane.get(cm_path(name))["data"][key] != "edited by hand",
+             10, f"{name} data restored")
+
+    for name in [*rcs, *cms]:
+        path = rc_path(name) if name in rcs else cm_path(name)
+        control_plane.delete(path)
+        poll(lambda path=path: control_plane.get(path), 10, f"{name} re-created")
+    st = status(control_plane, "drift")
+    assert int(st.get("driftCorrections") or 0) >= len(edits) + len(cms) + len(rcs) + len(cms)
+
+
+def test_report_mode_reports_and_leaves_the_edit(control_plane, real_operator):
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("report", driftPolicy="Report"))
+    quiet(control_plane)
+    name = sorted(runtime_classes(control_plane, "report"))[0]
+    control_plane.edit(rc_path(name), lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+    poll(lambda: int(status(control_plane, "report").get("driftDetected") or 0) >= 1, 10,
+         lambda: f"status: {status(control_plane, 'report')}")
+    time.sleep(1.5)
+    assert pod_fixed(control_plane, name)["memory"] == "1Mi"
+    assert not control_plane.operator_writes(resource="runtimeclasses",
+                                             since=real_operator.started_at_offset)[4:], \
+        "only the four creations were written to RuntimeClasses"
+    events = control_plane.items("/api/v1/namespaces/default/events") | control_plane.items(
+        f"/api/v1/namespaces/{NAMESPACE}/events")
+    assert any(e.get("reason") == "DriftDetected" for e in events.values()), sorted(
+        e.get("reason") for e in events.values())
+
+
+def test_a_foreign_runtimeclass_is_a_conflict_and_never_touched(control_plane, real_operator):
+    foreign = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+               "metadata": {"name": "kata-qemu-rs-s"}, "handler": "kata-qemu-rs-s"}
+    created = control_plane.create(RUNTIME_CLASSES, foreign)
+    real_operator.start()
+    control_plane.apply(qemu_rs("conflicted", runtimeClass={"namePrefix": "kata-qemu-rs"}))
+    st = wait_observed(control_plane, "conflicted", Conflict="True")
+    assert "kata-qemu-rs-s" in json.dumps(st["conditions"])
+    assert control_plane.get(rc_path("kata-qemu-rs-s"))["metadata"]["resourceVersion"] == \
+        created["metadata"]["resourceVersion"]
+    writes = control_plane.operator_writes(real_operator.started_at_offset, "runtimeclasses")
+    assert all(w.name != "kata-qemu-rs-s" for w in writes), writes
+
+
+def test_an_invalid_update_keeps_the_last_good_objects(control_plane, real_operator):
+    real_operator.start()
+    body = qemu_rs("keeps")
+    create_ready(control_plane, body)
+    quiet(control_plane)
+    before_rcs, before_cms = runtime_classes(control_plane, "keeps"), policy_configmaps(control_plane, "keeps")
+    # Valid for the schema, invalid for the sizing rules: podFixed below overhead_memory.
+    body["spec"]["classes"][0].update(overheadMemory="512Mi", podFixed={"cpu": "2", "memory": "256Mi"})
+    control_plane.apply(body)
+    st = wait_observed(control_plane, "keeps", Valid="False")
+    message = json.dumps(st["conditions"])
+    assert "podFixed" in message and "classes[0]" in message or "class s" in message, message
+    time.sleep(1)
+    assert versions(runtime_classes(control_plane, "keeps")) == versions(before_rcs)
+    assert {n: o["data"] for n, o in policy_configmaps(control_plane, "keeps").items()
+            if not n.endswith("node-guidance")} == \
+        {n: o["data"] for n, o in before_cms.items() if not n.endswith("node-guidance")}
+
+
+def test_a_restarted_operator_writes_nothing(control_plane, real_operator):
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("restart"))
+    quiet(control_plane)
+    real_operator.stop()
+    real_operator.start()
+    mark = real_operator.started_at_offset
+    time.sleep(4)  # startup, resume handlers, a guidance tick (1 s) and informer lists
+    assert control_plane.operator_writes(mark) == []
+    assert control_plane.operator_requests(mark), "the restarted operator made no request at all"
+
+
+# --- deletion, garbage collection, uninstall ------------------------------------------------------
+
+
+def test_deleting_a_policy_with_the_operator_running_removes_what_it_created(control_plane, real_operator):
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("gone"))
+    assert runtime_classes(control_plane, "gone") and policy_configmaps(control_plane, "gone")
+    control_plane.kubectl("delete", "ksp", "gone", "--timeout=30s")
+    assert runtime_classes(control_plane, "gone") == {}
+    assert policy_configmaps(control_plane, "gone") == {}
+
+
+def test_the_garbage_collector_removes_owned_objects_when_the_operator_is_stopped(control_plane, real_operator):
+    real_operator.start()
+    create_ready(control_plane, qemu_rs("orphaned"))
+    real_operator.stop()
+    control_plane.kubectl("delete", "ksp", "orphaned", "--wait=false")
+    # Without the operator its finalizer stays; the documented way out removes it.
+    assert control_plane.get(f"{POLICIES}/orphaned")["metadata"].get("deletionTimestamp")
+    control_plane.kubectl("patch", "ksp", "orphaned", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    poll(lambda: not policy_configmaps(control_plane, "orphaned") and not runtime_classes(control_plane, "orphaned"),
+         60, lambda: f"left: {sorted(policy_configmaps(control_plane, 'orphaned'))} "
+                     f"{sorted(runtime_classes(control_plane, 'orphaned'))}")
