@@ -32,4 +32,6 @@ def cluster_without_gc(tmp_path, monkeypatch) -> Iterator[OperatorCluster]:
 # ---- end of operator scenario fixtures ----
 
 # ---- The real control plane (tests/realcluster.py): `control_plane`, `real_operator` ----
-from tests.realcluster import control_plane, pytest_runtest_makereport, real_operator  # noqa: E402,F401
+from tests.realcluster import (  # noqa: E402,F401
+    control_plane, pytest_collection_modifyitems, pytest_runtest_makereport, real_operator,
+)

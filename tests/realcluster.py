@@ -402,6 +402,12 @@ def leftovers(cp: ControlPlane) -> None:
         cp.delete(f"{configmaps()}/{name}")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The RBAC coverage test reads the whole session's audit log: run it after the others."""
+    last = [i for i in items if i.name.startswith("test_every_grant_of_the_clusterrole_is_used")]
+    items[:] = [i for i in items if i not in last] + last
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield

@@ -50,12 +50,10 @@ READ_WRITE = ("get", "list", "watch", "create", "update", "delete")
 # (apiGroup, resource) -> verbs the ClusterRole grants; "" is the core group. Kept as one
 # table so a test of the operator's real API calls can be checked against it.
 FRAMEWORK_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
-    # kopf's scanning for CRDs and namespaces.
+    # kopf's scanning for CRDs (namespaces only with namespace patterns: not here).
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
-    ("", "namespaces"): ("list", "watch"),
-    # kopf's events, core and events.k8s.io.
-    ("", "events"): ("create", "patch"),
-    ("events.k8s.io", "events"): ("create", "patch"),
+    # kopf's events: the core API, create only (the real API server's audit log shows it).
+    ("", "events"): ("create",),
     # kopf's finalizer, annotations and progress on the watched resource.
     (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("list", "watch", "patch"),
 }
