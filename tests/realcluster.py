@@ -19,6 +19,7 @@ KATA_SIZING_REQUIRE_CONTROLPLANE=1 (set by .ci/run) that skip is a failure inste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,8 +105,9 @@ class AuditEvent:
 class ControlPlane:
     """The running control plane: admin REST calls, kubectl, the operator's audit trail."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, apiserver_args: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
+        self.apiserver_args = apiserver_args
         self.state = workdir / "state"
         self.log_path = workdir / "controlplane.log"
         self.etcd_port, self.api_port = free_port(), free_port()
@@ -121,7 +123,8 @@ class ControlPlane:
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
-             "--apiserver-port", str(self.api_port), "--sa-user", OPERATOR_USER],
+             "--apiserver-port", str(self.api_port), "--sa-user", OPERATOR_USER,
+             "--", *self.apiserver_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
@@ -347,8 +350,7 @@ class RealOperator:
 # --- fixtures --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def require_binary() -> None:
     if not BINARY.exists():
         reason = ("the real control plane is not built (.tools/controlplane; `make controlplane` "
                   "needs Go): real-server tests skipped")
@@ -357,13 +359,25 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         pytest.skip(reason)
     if not KUBECTL.exists():
         pytest.fail("the real kubectl is missing (.tools/kubectl; `make tools`)")
-    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+
+
+@contextlib.contextmanager
+def installed_control_plane(workdir: Path, apiserver_args: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
+    """A started control plane with kata-sizing installed; stopped on exit."""
+    require_binary()
+    cp = ControlPlane(workdir, apiserver_args)
     try:
         cp.start()
         cp.install()
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with installed_control_plane(tmp_path_factory.mktemp("controlplane")) as cp:
+        yield cp
 
 
 def delete_policies(cp: ControlPlane, operator_running: bool) -> None:

@@ -37,6 +37,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/embed"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/component-base/cli"
@@ -203,7 +204,10 @@ func startEtcd(dir string, port int) (*embed.Etcd, error) {
 // compact expires every watch that starts before the current revision.
 func compact(e *embed.Etcd) {
 	rev := e.Server.KV().Rev()
-	if _, err := e.Server.KV().Compact(nil, rev); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Through raft, as an etcd client's Compact would; Physical waits until it is applied.
+	if _, err := e.Server.Compact(ctx, &etcdserverpb.CompactionRequest{Revision: rev, Physical: true}); err != nil {
 		fmt.Fprintln(os.Stderr, "controlplane: compact:", err)
 		return
 	}
