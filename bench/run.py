@@ -103,6 +103,7 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "core": bench_core,
     "guidance": _external("bench.guidance_bench", "bench_guidance"),
     "operator": _external("bench.operator_bench", "bench_operator"),
+    "realserver": _external("bench.realserver_bench", "bench_realserver"),
 }
 
 
