@@ -37,9 +37,10 @@ EXPECTED_KINDS = Counter(
     {
         "Namespace": 1,
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the operator's, and the aggregated view and edit roles
         "ClusterRoleBinding": 1,
         "Deployment": 1,
+        "Service": 1,  # /metrics
         "CustomResourceDefinition": 1,
     }
 )
@@ -147,12 +148,70 @@ def kustomize_output() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def manifests_by_kind() -> dict[str, dict]:
+    """One object per kind; the aggregated view/edit ClusterRoles are `aggregated_roles`."""
     by_kind: dict[str, dict] = {}
     for path in RESOURCE_FILES:
         for doc in load_documents(path):
+            if is_aggregated(doc):
+                continue
             assert doc["kind"] not in by_kind, f"second {doc['kind']} in {path.name}"
             by_kind[doc["kind"]] = doc
     return by_kind
+
+
+def is_aggregated(doc: dict) -> bool:
+    labels = doc.get("metadata", {}).get("labels") or {}
+    return doc["kind"] == "ClusterRole" and any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
+
+
+@pytest.fixture(scope="module")
+def aggregated_roles() -> dict[str, dict]:
+    return {doc["metadata"]["name"]: doc for path in RESOURCE_FILES for doc in load_documents(path)
+            if is_aggregated(doc)}
+
+
+def test_view_and_edit_roles_aggregate_the_policy_verbs(aggregated_roles: dict[str, dict]) -> None:
+    # `kubectl create clusterrolebinding ... --clusterrole=view` then lets a user read policies.
+    grants = {
+        name: {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+        for name, role in aggregated_roles.items()
+    }
+    labels = {name: role["metadata"]["labels"] for name, role in aggregated_roles.items()}
+    assert labels["kata-sizing-view"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in labels["kata-sizing-edit"]
+    assert labels["kata-sizing-edit"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    read = {("katasizing.dev", "katasizingpolicies", v) for v in ("get", "list", "watch")}
+    assert read <= grants["kata-sizing-view"]
+    assert not any(verb in ("create", "update", "patch", "delete") for _, _, verb in grants["kata-sizing-view"])
+    assert {("katasizing.dev", "katasizingpolicies", v) for v in ("create", "update", "patch", "delete")} \
+        <= grants["kata-sizing-edit"]
+    # Status is the operator's: no aggregated role may write it.
+    assert not any(resource.endswith("/status") and verb not in ("get", "list", "watch")
+                   for role in grants.values() for _, resource, verb in role)
+
+
+def test_readiness_probe_hits_readyz_on_the_metrics_port(operator_container: dict) -> None:
+    args = cli_args(operator_container)
+    probe = operator_container["readinessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in operator_container["ports"]}
+    assert probe["path"] == "/readyz"
+    assert ports[probe["port"]] == args.metrics_port
+    assert args.metrics_addr == "0.0.0.0"  # the kubelet probes the pod IP
+
+
+def test_metrics_service_selects_the_operator_pod(manifests_by_kind: dict[str, dict], deployment: dict) -> None:
+    service = manifests_by_kind["Service"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "metrics"
+
+
+def cli_args(container: dict):
+    from kata_sizing.cli import build_parser
+
+    return build_parser().parse_args(container["args"])
 
 
 @pytest.fixture(scope="module")
@@ -206,11 +265,13 @@ def test_kustomize_includes_the_generated_crd_unchanged(kustomize_output: list[d
 
 
 def test_kustomize_passes_the_manifests_through_unchanged(
-    kustomize_output: list[dict], manifests_by_kind: dict[str, dict]
+    kustomize_output: list[dict]
 ) -> None:
-    built = {obj["kind"]: obj for obj in kustomize_output}
-    for kind, obj in manifests_by_kind.items():
-        assert built[kind] == obj, f"kustomize changed the {kind}"
+    built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in kustomize_output}
+    for path in RESOURCE_FILES:
+        for obj in load_documents(path):
+            key = (obj["kind"], obj["metadata"]["name"])
+            assert built[key] == obj, f"kustomize changed the {key}"
 
 
 # ---- wiring between the objects ----

@@ -310,8 +310,13 @@ def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
 def cmd_operator(args: argparse.Namespace) -> int:
     from .operator_main import run_operator  # kopf and kubernetes load only here
 
+    from .operator_main import MetricsOptions
+
+    metrics = None
+    if args.metrics_port is not None:
+        metrics = MetricsOptions(port=args.metrics_port, addr=args.metrics_addr)
     return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace,
-                        webhook=_webhook_options(args))
+                        webhook=_webhook_options(args), metrics=metrics, log_format=args.log_format)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -371,6 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--webhook-addr", metavar="ADDRESS",
                           help="listen on this address only (default: every interface)")
     operator.add_argument("--webhook-insecure", action="store_true", help=argparse.SUPPRESS)
+    operator.add_argument("--metrics-port", type=int, metavar="PORT",
+                          help="serve Prometheus /metrics and the readiness check /readyz on this port")
+    operator.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDRESS",
+                          help="listen on this address (default: every interface)")
+    operator.add_argument("--log-format", choices=("text", "json"), default="text",
+                          help="json: one JSON object per line, one line per reconcile with "
+                          "policy, trigger, result, writes and duration")
     operator.set_defaults(func=cmd_operator)
     return parser
 

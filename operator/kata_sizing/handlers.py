@@ -16,6 +16,7 @@ import kopf
 
 from . import admission as adm
 from . import defaults
+from . import metrics
 from . import reconcile as rc
 from .cluster import facts_for_nodes, summarize_node, summarize_pod
 from .audit import audit_runtime_classes
@@ -129,10 +130,11 @@ async def _reconcile(
             facts = await _node_facts(body, memo)
         memo.node_facts[name] = (_versions(memo), tuple(facts or ()))
         try:
-            await rc.reconcile(
-                memo.api, _plain(body), trigger, memo.cache, _event_sink, nodes=facts,
-                audit_findings=_audit(memo),
-            )
+            with metrics.reconcile_pass(name, trigger) as current:
+                current.done(await rc.reconcile(
+                    memo.api, _plain(body), trigger, memo.cache, _event_sink, nodes=facts,
+                    audit_findings=_audit(memo),
+                ))
         except (TransientApiError, rc.Conflict) as exc:
             delay = _backoff_s(retry)
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
@@ -187,6 +189,7 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
             raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
     memo.locks.pop(name, None)
     memo.node_facts.pop(name, None)
+    metrics.forget_policy(name)
     if removed:
         log.info("policy %s deleted; removed %s", name, ", ".join(removed))
 
@@ -200,6 +203,7 @@ async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, resource: kopf.Re
     if desired is None:
         return
     async def count(policy: str, field_name: str) -> None:
+        metrics.drift(resource.kind, corrected=field_name == "driftCorrections")
         await rc.increment_counter(memo.api, policy, field_name)
 
     for attempt in range(DRIFT_RETRIES):
@@ -227,6 +231,7 @@ async def validate_policy(
     if not adm.needs_review(operation, old, new):
         return
     errors, found_warnings = adm.admission_problems(_plain(body))
+    metrics.admission(errors, found_warnings)
     if errors:
         # 422, as the API server answers an object that breaks its own schema.
         raise kopf.AdmissionError("; ".join(errors), code=422)

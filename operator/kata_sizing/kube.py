@@ -18,6 +18,7 @@ import aiohttp
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
+from . import metrics
 from .model import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -61,6 +62,7 @@ def _message(exc: ApiException) -> str:
 
 
 def _translate(exc: BaseException, what: str) -> ApiError:
+    metrics.api_error(exc.status if isinstance(exc, ApiException) else None)
     if isinstance(exc, ApiException):
         status = exc.status or 0
         text = f"{what}: {_message(exc)}"

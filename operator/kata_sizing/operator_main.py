@@ -32,18 +32,62 @@ def configure_webhook(settings: kopf.OperatorSettings, options: WebhookOptions) 
     settings.admission.managed = None
 
 
+@dataclass(frozen=True)
+class MetricsOptions:
+    """Where /metrics and /readyz listen."""
+
+    port: int
+    addr: str = "0.0.0.0"  # the kubelet and Prometheus reach the pod IP, not loopback
+
+
+def install_metrics(registry: kopf.OperatorRegistry, options: MetricsOptions) -> None:
+    """Serve /metrics and /readyz from a startup handler that runs after the operator's own
+    (registered later), so the informers it reports on exist; ready once they have synced."""
+    from . import metrics
+    from .informer import Informer
+
+    async def start(memo: kopf.Memo, **_) -> None:
+        informers = [value for value in memo.values() if isinstance(value, Informer)]
+        metrics.track_informers(informers)
+        memo.metrics_runner, memo.metrics_port = await metrics.serve(
+            options.addr, options.port,
+            ready=lambda: all(informer.synced.is_set() for informer in informers),
+        )
+
+    async def stop(memo: kopf.Memo, **_) -> None:
+        runner = memo.get("metrics_runner")
+        if runner is not None:
+            await runner.cleanup()
+
+    kopf.on.startup(registry=registry, id="metrics")(start)
+    kopf.on.cleanup(registry=registry, id="metrics")(stop)
+
+
+def configure_logging(log_format: str) -> None:
+    """text: one readable line per record. json: one JSON object per record (kopf's own
+    formatter, python-json-logger), with the reconcile line's fields as keys."""
+    if log_format == "json":
+        kopf.configure(log_format=kopf.LogFormat.JSON)
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def run_operator(
     liveness: str | None, standalone: bool, namespace: str | None = None,
-    webhook: WebhookOptions | None = None,
+    webhook: WebhookOptions | None = None, metrics: MetricsOptions | None = None,
+    log_format: str = "text",
 ) -> int:
     from .handlers import build_registry
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_format)
     settings = kopf.OperatorSettings()
     if webhook is not None:
         configure_webhook(settings, webhook)
+    registry = build_registry(admission=webhook is not None)
+    if metrics is not None:
+        install_metrics(registry, metrics)
     asyncio.run(kopf.operator(
-        registry=build_registry(admission=webhook is not None),
+        registry=registry,
         settings=settings,
         standalone=standalone,
         clusterwide=namespace is None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Literal, Protocol
 
 from . import conditions as cond
+from . import metrics
 from .kube import Conflict, Invalid, NotFound
 from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from .quantity import QuantityError, format_cpu, format_mib, format_vcpus, parse_quantity
@@ -560,6 +561,7 @@ def _conflict_already_said(body: dict, conflicts: list[str]) -> bool:
 
 
 async def _write_status(api, name: str, body: dict, status: dict) -> None:
+    metrics.policy_status(name, status)
     if status_changed(body, status):
         try:
             await api.patch_policy_status(name, {"status": status})
