@@ -1,6 +1,9 @@
 # syntax=docker/dockerfile:1
 # Both stages use the same base so the venv's interpreter symlinks resolve in the final one.
-FROM python:3.11.14-slim-bookworm AS builder
+# Pinned by tag (readable) and by the digest of its multi-architecture index (reproducible;
+# the tag moves with every Debian update). To move it: `docker buildx imagetools inspect
+# python:3.11.14-slim-bookworm` and replace both lines.
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -10,15 +13,31 @@ RUN python -m venv /opt/kata-sizing
 COPY requirements.lock pyproject.toml README.md ./
 COPY operator/ operator/
 # requirements.lock pins every runtime and operator dependency; as constraints it keeps
-# them exact while the test-only pins in it are simply not installed.
+# them exact while the test-only pins in it are simply not installed. Then pip and
+# setuptools leave the venv: nothing in the image installs anything at run time.
 RUN /opt/kata-sizing/bin/pip install --no-cache-dir \
-        --constraint requirements.lock ".[operator]"
+        --constraint requirements.lock ".[operator]" \
+    && /opt/kata-sizing/bin/python -m pip uninstall --yes pip setuptools
 
-FROM python:3.11.14-slim-bookworm
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+
+# Set by the build: docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD)
+# (VERSION's default is pyproject.toml's version; a test keeps them equal).
+ARG VERSION=0.1.0
+ARG REVISION=unknown
 
 LABEL org.opencontainers.image.title="kata-sizing" \
       org.opencontainers.image.description="Sizes Kata Containers RuntimeClasses from one KataSizingPolicy and keeps them in sync" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/kata-sizing/kata-sizing" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.11.14-slim-bookworm"
+
+# The base image's own pip goes too: the final image has no package installer.
+RUN rm -rf /usr/local/bin/pip /usr/local/bin/pip3 /usr/local/bin/pip3.11 \
+        /usr/local/lib/python3.11/site-packages/pip \
+        /usr/local/lib/python3.11/site-packages/pip-*.dist-info
 
 COPY --from=builder /opt/kata-sizing /opt/kata-sizing
 COPY templates/ /opt/kata-sizing/templates/

@@ -44,11 +44,13 @@ test: $(STAMP) $(TOOLS)/kubectl
 bench: $(STAMP)
 	$(PY) bench/run.py
 
+# The CRD is generated from the models; the Helm chart carries the same file in its crds/.
+CRD_FILES := crds/katasizingpolicies.katasizing.dev.yaml charts/kata-sizing/crds/katasizingpolicies.katasizing.dev.yaml
 crds: $(STAMP)
-	$(PY) -m kata_sizing.crdgen > crds/katasizingpolicies.katasizing.dev.yaml
+	for f in $(CRD_FILES); do $(PY) -m kata_sizing.crdgen > $$f || exit 1; done
 
 check-crds: $(STAMP)
-	$(PY) -m kata_sizing.crdgen --check crds/katasizingpolicies.katasizing.dev.yaml
+	for f in $(CRD_FILES); do $(PY) -m kata_sizing.crdgen --check $$f || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis

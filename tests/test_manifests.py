@@ -433,9 +433,42 @@ def test_dockerfile_base_images_are_pinned_and_identical() -> None:
     assert len(bases) == 2, "builder and final stage"
     # The venv copied from the builder links to the base image's interpreter.
     assert bases[0] == bases[1]
-    image, _, tag = bases[0].partition(":")
+    reference, _, digest = bases[0].partition("@")
+    image, _, tag = reference.partition(":")
     assert image == "python"
     assert re.fullmatch(r"3\.11\.\d+-slim(-\w+)?", tag), tag
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{bases[0]} is not pinned by digest"
+
+
+def dockerfile_labels() -> dict[str, str]:
+    labels = {}
+    for keyword, rest in dockerfile_instructions():
+        if keyword == "LABEL":
+            labels.update(re.findall(r'(\S+)="([^"]*)"', rest))
+    return labels
+
+
+def test_dockerfile_labels_say_source_revision_and_version() -> None:
+    labels = dockerfile_labels()
+    args = dict(rest.split("=", 1) for keyword, rest in dockerfile_instructions() if keyword == "ARG")
+    with (ROOT / "pyproject.toml").open("rb") as stream:
+        version = tomllib.load(stream)["project"]["version"]
+    assert labels["org.opencontainers.image.version"] == "${VERSION}" and args["VERSION"] == version
+    assert labels["org.opencontainers.image.revision"] == "${REVISION}" and "REVISION" in args
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+
+
+def test_the_final_image_has_no_pip() -> None:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    builder, final = text.split("\nFROM ", 2)[1:]
+    # The venv copied into the final image loses pip in the builder...
+    assert re.search(r"bin/python -m pip uninstall --yes pip", builder)
+    # ...and the base image's own pip is removed in the final stage, before anything else runs.
+    runs = [rest for keyword, rest in dockerfile_instructions() if keyword == "RUN"]
+    assert any("rm -rf" in run and "site-packages/pip " in run + " " and "/usr/local/bin/pip " in run
+               for run in runs), runs
+    assert "pip install" not in final
 
 
 def test_dockerfile_runs_kata_sizing_as_the_deployments_user(operator_container: dict) -> None:

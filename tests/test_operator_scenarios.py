@@ -82,7 +82,8 @@ def test_create_makes_four_runtime_classes_three_configmaps_status_and_an_applie
         have = cms[want["metadata"]["name"]]
         assert have["metadata"]["namespace"] == OUTPUT_NAMESPACE
         assert have["data"] == want["data"]
-        assert have["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: NAME}
+        flux = {"reconcile.fluxcd.io/watch": "Enabled"} if want["metadata"]["name"].endswith("-values") else {}
+        assert have["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: NAME, **flux}
         assert [o["uid"] for o in have["metadata"]["ownerReferences"]] == [uid]
     assert set(cms[f"{NAME}-dropins"]["data"]) == {f"{c}.toml" for c in CLASSES}
 

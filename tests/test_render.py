@@ -115,10 +115,13 @@ def test_configmap_names_namespace_and_labels(rendered):
     policy = rendered.sizing.policy
     assert [c["metadata"]["name"] for c in rendered.configmaps] == [
         f"{policy.name}-kata-deploy-values", f"{policy.name}-dropins", f"{policy.name}-node-guidance"]
+    ours = {"app.kubernetes.io/managed-by": "kata-sizing", "katasizing.dev/policy": policy.name}
     for configmap in rendered.configmaps:
         assert configmap["metadata"]["namespace"] == policy.spec.output.namespace
-        assert configmap["metadata"]["labels"] == {
-            "app.kubernetes.io/managed-by": "kata-sizing", "katasizing.dev/policy": policy.name}
+    # Flux's helm-controller reacts at once to a change of a valuesFrom ConfigMap with this label.
+    assert rendered.configmaps[0]["metadata"]["labels"] == {**ours, "reconcile.fluxcd.io/watch": "Enabled"}
+    for configmap in rendered.configmaps[1:]:
+        assert configmap["metadata"]["labels"] == ours
     assert rendered.configmaps[0]["data"] == {"values.yaml": rendered.values_yaml}
     assert rendered.configmaps[1]["data"] == rendered.drop_ins
 

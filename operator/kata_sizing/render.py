@@ -27,6 +27,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kata-sizing"
 POLICY_LABEL = "katasizing.dev/policy"
 CLASS_LABEL = "katasizing.dev/class"
+# Flux's helm-controller re-runs a HelmRelease as soon as a ConfigMap it reads with valuesFrom
+# changes, if that ConfigMap carries this label (otherwise only at the release's interval).
+FLUX_WATCH_LABEL = "reconcile.fluxcd.io/watch"
 
 VALUES_KEY = "values.yaml"
 SUMMARY_KEY = "summary.txt"
@@ -177,12 +180,14 @@ def render_drop_in(sizing: PolicySizing, sized: ClassSizing) -> str:
     )
 
 
-def configmap(policy: KataSizingPolicy, name: str, data: dict[str, str]) -> dict:
+def configmap(
+    policy: KataSizingPolicy, name: str, data: dict[str, str], extra_labels: dict[str, str] | None = None,
+) -> dict:
     return _load(_render(
         "configmap.yaml.j2",
         name=name,
         namespace=policy.spec.output.namespace,
-        labels=policy_labels(policy),
+        labels={**policy_labels(policy), **(extra_labels or {})},
         owner_references=owner_reference(policy),
         data=data,
     ))
@@ -222,7 +227,7 @@ def render_policy(
         ],
     )
     configmaps = [
-        configmap(policy, names["values"], {VALUES_KEY: values_yaml}),
+        configmap(policy, names["values"], {VALUES_KEY: values_yaml}, {FLUX_WATCH_LABEL: "Enabled"}),
         configmap(policy, names["dropins"], drop_ins),
     ]
     guidance: list[NodeGroupGuidance] = []

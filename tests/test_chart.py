@@ -1,0 +1,264 @@
+"""The Helm chart (charts/kata-sizing/) with the real helm binary: it lints, every object it
+renders is valid for Kubernetes, it installs the same objects as `kubectl apply -k manifests/`
+(and, with the webhook, as overlays/webhook/), and its values do what values.yaml says."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from kata_sizing import metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "kata-sizing"
+RELEASE, NAMESPACE = "kata-sizing", "kata-sizing"
+SCHEMA_VERSIONS = ("1.25", ".".join(kubernetes_validate.latest_version().split(".")[:2]))
+# Labels the chart adds to what manifests/ has, as every Helm chart does.
+HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+               "app.kubernetes.io/version"}
+# Groups kubernetes-validate has no schema for (the Prometheus Operator's, cert-manager's).
+CUSTOM_GROUPS = ("monitoring.coreos.com", "cert-manager.io")
+EVERYTHING_ON = ["--set", "webhook.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
+                 "--set", "metrics.prometheusRule.enabled=true", "--set", "namespace.create=true"]
+
+
+def find_tool(name: str) -> str | None:
+    local = ROOT / ".tools" / name
+    return str(local) if os.access(local, os.X_OK) else shutil.which(name)
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    found = find_tool("helm")
+    if found is None:
+        pytest.skip("helm not at .tools/helm nor on PATH (run `make tools`)")
+    return found
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def template(helm: str, *args: str) -> list[dict]:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def kustomize(path: Path) -> list[dict]:
+    kubectl = find_tool("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not at .tools/kubectl nor on PATH (run `make tools`)")
+    result = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def without_helm_labels(obj: dict) -> dict:
+    obj = copy.deepcopy(obj)
+    labels = obj["metadata"].get("labels") or {}
+    for key in HELM_LABELS:
+        labels.pop(key, None)
+    return obj
+
+
+def by_key(objects: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def one(objects: list[dict], kind: str) -> dict:
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+@pytest.fixture(scope="module")
+def default_objects(helm: str) -> list[dict]:
+    return template(helm)
+
+
+@pytest.fixture(scope="module")
+def all_objects(helm: str) -> list[dict]:
+    return template(helm, "--include-crds", *EVERYTHING_ON)
+
+
+# --- helm itself ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [[], EVERYTHING_ON, ["--set", "logFormat=json", "--set",
+                                                        "webhook.enabled=true", "--set",
+                                                        "webhook.certManager.enabled=false",
+                                                        "--set", "webhook.caBundle=Zm9v",
+                                                        "--set", "webhook.tlsSecretName=mine"]],
+                         ids=["defaults", "everything-on", "webhook-with-own-ca"])
+def test_helm_lint_strict_passes(helm: str, values: list[str]) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), *values)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_chart_and_app_version_follow_the_project(default_objects: list[dict]) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    with (ROOT / "pyproject.toml").open("rb") as stream:
+        version = tomllib.load(stream)["project"]["version"]
+    assert chart["version"] == chart["appVersion"] == version
+    container = one(default_objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"ghcr.io/kata-sizing/kata-sizing:{version}"
+
+
+def test_the_charts_crd_is_the_generated_one() -> None:
+    # Helm installs crds/ before the templates; `make crds` writes both copies.
+    assert (CHART / "crds" / "katasizingpolicies.katasizing.dev.yaml").read_text() == \
+        (ROOT / "crds" / "katasizingpolicies.katasizing.dev.yaml").read_text(), "stale: run `make crds`"
+
+
+# --- every object valid -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_every_rendered_object_is_valid_for_kubernetes(all_objects: list[dict], version: str) -> None:
+    checked, problems = 0, []
+    for obj in all_objects:
+        if obj["apiVersion"].split("/")[0] in CUSTOM_GROUPS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+            checked += 1
+        except kubernetes_validate.ValidationError as error:
+            problems.append(f"{obj['kind']} {obj['metadata']['name']}: {error.message} at {list(error.path)}")
+    assert not problems, "\n".join(problems)
+    assert checked >= 11  # CRD, Namespace, ServiceAccount, 3 ClusterRoles, binding, Deployment, 2 Services, webhook
+
+
+def test_custom_resources_have_the_fields_their_operators_need(all_objects: list[dict]) -> None:
+    # No schema for these in kubernetes-validate: check the keys that matter.
+    monitor = one(all_objects, "ServiceMonitor")
+    service = by_key(all_objects)["Service", "kata-sizing-metrics"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    certificate = one(all_objects, "Certificate")
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": one(all_objects, "Issuer")["metadata"]["name"]}
+    assert "kata-sizing-webhook.kata-sizing.svc" in certificate["spec"]["dnsNames"]
+
+
+def test_the_drift_alert_uses_a_metric_the_operator_exports(helm: str) -> None:
+    objects = template(helm, "--set", "metrics.prometheusRule.enabled=true",
+                       "--set", "metrics.prometheusRule.driftCorrectionsPerHour=7")
+    rules = {r["alert"]: r for g in one(objects, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    drift = rules["KataSizingDriftFought"]
+    assert "increase(kata_sizing_drift_corrected_total[1h])" in drift["expr"]
+    assert drift["expr"].endswith("> 7")
+    assert "{{ $labels.kind }}" in drift["annotations"]["summary"]  # left for Prometheus to fill in
+    exported = {m.name for m in metrics.REGISTRY.collect()}
+    assert "kata_sizing_drift_corrected" in exported  # Counter family name, without _total
+    assert "kata_sizing_policies" in exported
+    assert 'kata_sizing_policies{condition="Ready",status="False"}' in rules["KataSizingPolicyNotReady"]["expr"]
+
+
+# --- the same install as manifests/ -----------------------------------------------------------
+
+
+def test_the_chart_installs_the_same_objects_as_manifests(helm: str) -> None:
+    chart = by_key([without_helm_labels(o) for o in template(helm, "--include-crds", "--set", "namespace.create=true")])
+    base = by_key(kustomize(ROOT / "manifests"))
+    assert sorted(chart) == sorted(base)
+    for key, obj in base.items():
+        assert chart[key] == obj, f"{key} differs between the chart and manifests/"
+
+
+def test_with_the_webhook_the_chart_installs_the_same_objects_as_the_overlay(helm: str) -> None:
+    chart = by_key([without_helm_labels(o) for o in template(
+        helm, "--include-crds", "--set", "namespace.create=true", "--set", "webhook.enabled=true")])
+    overlay = by_key(kustomize(ROOT / "overlays" / "webhook"))
+    assert sorted(chart) == sorted(overlay)
+    for key, obj in overlay.items():
+        assert chart[key] == obj, f"{key} differs between the chart and overlays/webhook/"
+
+
+def test_without_create_the_namespace_is_helms_to_make(default_objects: list[dict]) -> None:
+    assert "Namespace" not in {o["kind"] for o in default_objects}
+    assert {o["metadata"].get("namespace") for o in default_objects if o["kind"] in
+            ("Deployment", "ServiceAccount", "Service")} == {NAMESPACE}
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def test_values_reach_the_deployment(helm: str) -> None:
+    objects = template(
+        helm, "--namespace", "ops",
+        "--set", "image.repository=registry.example/kata-sizing",
+        "--set", "image.digest=sha256:" + "a" * 64,
+        "--set", "logFormat=json",
+        "--set", "resources.limits.memory=512Mi",
+        "--set-string", "nodeSelector.node-role\\.kubernetes\\.io/control-plane=",
+        "--set", "tolerations[0].key=node-role.kubernetes.io/control-plane",
+        "--set", "tolerations[0].operator=Exists",
+        "--set", "tolerations[0].effect=NoSchedule",
+    )
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example/kata-sizing@sha256:" + "a" * 64
+    assert "--log-format=json" in container["args"]
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert pod["tolerations"] == [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                                   "effect": "NoSchedule"}]
+    # --namespace moves every namespaced object and the binding's subject.
+    assert deployment["metadata"]["namespace"] == "ops"
+    assert one(objects, "ClusterRoleBinding")["subjects"][0]["namespace"] == "ops"
+
+
+def test_the_deployments_args_parse_with_the_real_cli(helm: str) -> None:
+    from kata_sizing.cli import build_parser
+
+    container = one(template(helm, "--set", "webhook.enabled=true", "--set", "logFormat=json"),
+                    "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (args.metrics_port, args.webhook_port, args.log_format) == (ports["metrics"], ports["webhook"], "json")
+
+
+def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
+    objects = template(helm, "--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false",
+                       "--set", "webhook.caBundle=Q0FCVU5ETEU=", "--set", "webhook.tlsSecretName=my-tls")
+    kinds = {o["kind"] for o in objects}
+    assert not kinds & {"Certificate", "Issuer"}
+    configuration = one(objects, "ValidatingWebhookConfiguration")
+    assert "cert-manager.io/inject-ca-from" not in (configuration["metadata"].get("annotations") or {})
+    assert configuration["webhooks"][0]["clientConfig"]["caBundle"] == "Q0FCVU5ETEU="
+    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-tls", "secret": {"secretName": "my-tls"}} in volumes
+
+
+@pytest.mark.parametrize("values, message", [
+    (["--set", "replicas=2"], "only 1 replica is supported"),
+    (["--set", "logFormat=xml"], '"xml" is not text or json'),
+    (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false"],
+     "webhook.caBundle is required"),
+    (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false", "--set",
+      "webhook.caBundle=Zm9v"], "webhook.tlsSecretName is required"),
+])
+def test_bad_values_fail_with_a_message_naming_the_value(helm: str, values: list[str], message: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), *values)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_aggregated_roles_can_be_turned_off(helm: str) -> None:
+    names = {o["metadata"]["name"] for o in template(helm, "--set", "rbac.aggregateToDefaultRoles=false")
+             if o["kind"] == "ClusterRole"}
+    assert names == {"kata-sizing"}
