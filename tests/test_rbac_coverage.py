@@ -127,7 +127,7 @@ def _broad_scenario(cluster) -> None:
     wait_for(lambda: get_rc(emu, "kata-qemu-rs-s"))
     handler_changed = dict(get_rc(emu, "kata-qemu-rs-l"), handler="elsewhere")
     emu.objects(RUNTIME_CLASSES).put(handler_changed)
-    wait_for(lambda: get_rc(emu, "kata-qemu-rs-l")["handler"] == "kata-qemu-rs-l")
+    wait_for(lambda: (get_rc(emu, "kata-qemu-rs-l") or {}).get("handler") == "kata-qemu-rs-l")
     edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
     wait_for(lambda: (emu.objects(POLICIES).get("report").get("status") or {}).get("driftDetected"))
     settle(emu)
