@@ -23,6 +23,7 @@ from kata_sizing.defaults import Runtime
 from kata_sizing.model import PolicyError, parse_policy
 from kata_sizing.quantity import MIB, memory_bytes
 from kata_sizing.render import render_policy
+from kata_sizing.rules import Rule
 from kata_sizing.sizing import explain_pod, size_policy
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,9 +62,9 @@ def class_lists(draw):
 @st.composite
 def valid_policies(draw) -> dict:
     spec: dict = {"shim": draw(st.sampled_from(sorted(set(defaults.SHIMS) - defaults.NOT_CHART_SHIMS)))}
-    runtime = draw(st.sampled_from([None, "Rust", "Go"]))
-    if runtime:
-        spec["runtime"] = runtime
+    # The shim decides the runtime; naming another one is an error (rules.check_shim).
+    if draw(st.booleans()):
+        spec["runtime"] = defaults.SHIMS[spec["shim"]].runtime.value
     spec["overhead"] = draw(overhead_functions)
     if draw(st.booleans()):
         spec["classes"] = draw(class_lists())
@@ -85,8 +86,10 @@ def _unusable_mib(sizing, vm_mib: int) -> Fraction:
 @given(document=valid_policies())
 def test_computed_values_keep_every_invariant(document):
     sizing = size_policy(parse_policy(document))
-    # Only explicit per-class values (never generated here) may break a rule, or warn.
-    assert sizing.problems == ()
+    # Only explicit per-class values (never generated here) may break a rule, or warn; and
+    # sandboxCgroupOnly false, which is the user's choice but warned about.
+    expected = set() if document["spec"]["sandboxCgroupOnly"] else {Rule.SANDBOX_CGROUP_ONLY}
+    assert {p.rule for p in sizing.problems} == expected
     for sized in sizing.classes:
         if sizing.runtime is Runtime.RUST:
             assert sized.pod_fixed_memory_mib > sized.overhead_memory_mib

@@ -11,7 +11,8 @@ from decimal import Decimal
 
 from . import defaults
 from .quantity import MIB, format_cpu, format_memory, memory_bytes
-from .sizing import PolicySizing, Problem, Severity
+from .rules import Problem, Rule, Severity
+from .sizing import PolicySizing
 
 GIB = 1024 * MIB
 
@@ -116,7 +117,7 @@ def node_guidance(
         names = sorted(m.name for m in members)
         capacity = facts.capacity_memory_bytes
         if reserved >= capacity:
-            problems.append(Problem(Severity.ERROR, "spec.nodes", (
+            problems.append(Problem(Severity.ERROR, Rule.NODE_RESERVATIONS, "spec.nodes", (
                 f"systemReserved {spec.system_reserved} + kubeReserved {spec.kube_reserved} + "
                 f"evictionHard {spec.eviction_hard} = {format_memory(reserved)} is not smaller "
                 f"than node capacity {format_memory(capacity)} ({', '.join(names)})")))
@@ -144,9 +145,12 @@ def node_guidance(
             by_allocatable = room // accounted
             by_cpu = None
             cpu_total = facts.allocatable_cpu if facts.allocatable_cpu is not None else facts.capacity_cpu
-            if cpu_total is not None:
-                by_cpu = int(cpu_total // (sized.envelope_cpu + sized.pod_fixed_cpu))
-            by_shm = None if shm_reason else shm_size // vm_memory
+            per_pod_cpu = sized.envelope_cpu + sized.pod_fixed_cpu
+            # A class that accounts no CPU at all (an invalid policy being rendered for its
+            # messages) is not limited by CPU: no division by its zero.
+            if cpu_total is not None and per_pod_cpu > 0:
+                by_cpu = int(cpu_total // per_pod_cpu)
+            by_shm = None if shm_reason or vm_memory <= 0 else shm_size // vm_memory
             fit = min(v for v in (by_allocatable, by_cpu, by_shm) if v is not None)
             if fit == 0:
                 warnings.append(

@@ -125,6 +125,9 @@ def format_cpu(cores: Decimal) -> str:
 
 def format_vcpus(cores: Decimal) -> str:
     """A vCPU count as Kata's TOML takes it: `0.2`, `1`, `1.5` (no trailing zeros)."""
-    normalized = Decimal(cores).normalize()
-    text = format(normalized, "f")
-    return text
+    # Exact: Decimal.normalize() would round to the context's 28 digits, and the drop-in
+    # must say what the policy said (Kata's reader then decides what it becomes).
+    text = format(Decimal(cores), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text or "0"

@@ -20,7 +20,7 @@ import yaml
 
 from .guidance import NodeFacts, NodeGroupGuidance, node_guidance
 from .model import API_VERSION, KIND, KataSizingPolicy
-from .quantity import format_cpu, format_mib, format_vcpus
+from .quantity import format_cpu, format_mib
 from .sizing import ClassSizing, PolicySizing, Problem, size_policy
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -44,18 +44,6 @@ def templates_dir() -> Path:
     """`templates/` at the repository root, or $KATA_SIZING_TEMPLATES in an image."""
     override = os.environ.get("KATA_SIZING_TEMPLATES")
     return Path(override) if override else _REPOSITORY_TEMPLATES
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, Decimal):
-        return format_vcpus(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    raise TypeError(f"no TOML form for {value!r}")
 
 
 # json.dumps writes a character beyond U+FFFF as a UTF-16 surrogate pair (\ud83d\ude00);
@@ -100,7 +88,6 @@ def _environment(directory: str) -> jinja2.Environment:
         autoescape=False,
         keep_trailing_newline=True,
     )
-    env.filters["toml"] = _toml_value
     env.filters["yaml_block"] = _yaml_block
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
     env.policies["json.dumps_function"] = _json_for_yaml
@@ -166,7 +153,6 @@ def render_runtime_class(policy: KataSizingPolicy, sized: ClassSizing, owned: bo
 
 
 def render_drop_in(sizing: PolicySizing, sized: ClassSizing) -> str:
-    spec = sizing.policy.spec
     return _render(
         "dropin.toml.j2",
         policy=sizing.policy.name,
@@ -174,9 +160,7 @@ def render_drop_in(sizing: PolicySizing, sized: ClassSizing) -> str:
         envelope_cpu=format_cpu(sized.envelope_cpu),
         envelope_memory=format_mib(sized.envelope_memory_mib),
         runtime=sizing.runtime.value,
-        hypervisor=sizing.hypervisor,
-        hugepages=spec.hugepages,
-        sandbox_cgroup_only=spec.sandbox_cgroup_only,
+        settings=sized.kata.to_toml(),
     )
 
 

@@ -7,7 +7,7 @@ No I/O; everything exact (int MiB, Decimal cores).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from . import defaults
@@ -15,22 +15,10 @@ from .calibrate import Sample as SurveySample
 from .calibrate import CalibrationError, Fit, fit_overhead, guest_budget_mib
 from .defaults import Runtime
 from .model import KataSizingPolicy, KataSizingPolicySpec, SizeClass
-from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, format_vcpus, memory_bytes, mib_ceil
-
-
-class Severity:
-    ERROR = "error"
-    WARNING = "warning"
-
-
-@dataclass(frozen=True)
-class Problem:
-    severity: str
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, memory_bytes, mib_ceil
+from .rules import (  # noqa: F401  (Problem and Severity are re-exported for the other modules)
+    HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, check_shim, read_drop_in,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +51,9 @@ class ClassSizing:
     pod_fixed_memory_mib: int
     largest_vm: Vm
     explicit: frozenset[str] = field(default_factory=frozenset)
+    envelope_memory_bytes: int = 0
+    # The drop-in as Kata reads it back; every number above that Kata reads comes from it.
+    kata: KataConfig | None = None
 
     @property
     def pod_fixed(self) -> dict[str, str]:
@@ -115,7 +106,7 @@ def _fit_samples(spec: KataSizingPolicySpec) -> tuple[Fit | None, list[Problem]]
         ]), []
     except (CalibrationError, ValueError) as exc:
         problems = getattr(exc, "problems", None) or [str(exc)]
-        return None, [Problem(Severity.ERROR, "spec.overhead.samples", p) for p in problems]
+        return None, [Problem(Severity.ERROR, Rule.OVERHEAD_SAMPLES, "spec.overhead.samples", p) for p in problems]
 
 
 def overhead_function(spec: KataSizingPolicySpec) -> tuple[OverheadFunction, list[Problem]]:
@@ -165,9 +156,11 @@ def _size_class(
         overhead_vcpus = (
             Decimal(size_class.overhead_vcpus) if size_class.overhead_vcpus is not None else fn.guest_cpu
         )
+        # A computed budget is never 0: Kata refuses a 0 MiB sandbox (a pod with a CPU limit
+        # only) and the guest always keeps some memory; 2 MiB is the runtime's alignment.
         overhead_memory = (
             mib_ceil(memory_bytes(size_class.overhead_memory))
-            if size_class.overhead_memory is not None else budget
+            if size_class.overhead_memory is not None else max(budget, 2)
         )
         default_memory = (
             mib_ceil(memory_bytes(size_class.default_memory))
@@ -217,46 +210,89 @@ def _size_class(
         pod_fixed_memory_mib=pod_fixed_memory,
         largest_vm=largest_vm,
         explicit=frozenset(explicit),
+        envelope_memory_bytes=envelope_bytes,
+    )
+
+
+_DROP_IN_KEYS = {
+    Runtime.RUST: ("default_vcpus", "default_memory", "default_maxmemory", "overhead_vcpus", "overhead_memory",
+                   "enable_hugepages", "sandbox_cgroup_only", "static_sandbox_resource_mgmt"),
+    Runtime.GO: ("default_vcpus", "default_memory", "enable_hugepages", "sandbox_cgroup_only"),
+}
+
+
+def _as_rendered(sized: ClassSizing, spec: KataSizingPolicySpec, hypervisor: str, where: str) -> tuple[
+        ClassSizing, list[Problem]]:
+    """The class as Kata and Kubernetes will read it: its drop-in written to TOML and read
+    back, its podFixed formatted as the RuntimeClass carries it and parsed again."""
+    info = spec.shim_info
+    base = replace(KataConfig.shipped(info), runtime=sized.runtime, hypervisor=hypervisor)
+    written = replace(
+        base,
+        default_vcpus=Decimal(sized.default_vcpus),
+        default_memory_mib=sized.default_memory_mib,
+        default_maxmemory_mib=sized.default_maxmemory_mib,
+        overhead_vcpus=sized.overhead_vcpus,
+        overhead_memory_mib=sized.overhead_memory_mib,
+        enable_hugepages=spec.hugepages,
+        sandbox_cgroup_only=spec.sandbox_cgroup_only,
+        static_sandbox_resource_mgmt=True if sized.runtime is Runtime.RUST else base.static_sandbox_resource_mgmt,
+        from_drop_in=_DROP_IN_KEYS[sized.runtime],
+    )
+    reading = read_drop_in(written.to_toml(), base, where)
+    kata = reading.config or written
+    if sized.runtime is Runtime.RUST:
+        largest_vm = simulate_rust(
+            sized.envelope_cpu, sized.envelope_memory_bytes, kata.overhead_vcpus, kata.overhead_memory_mib,
+            sized.default_vcpus, kata.default_memory_mib).vm
+    else:
+        largest_vm = simulate_go(
+            sized.envelope_cpu, sized.envelope_memory_bytes, sized.default_vcpus,
+            kata.effective_default_memory_mib).vm
+    read = replace(
+        sized,
+        overhead_vcpus=kata.overhead_vcpus if sized.runtime is Runtime.RUST else None,
+        overhead_memory_mib=kata.overhead_memory_mib if sized.runtime is Runtime.RUST else None,
+        default_memory_mib=kata.default_memory_mib,
+        largest_vm=largest_vm,
+        pod_fixed_cpu=cpu_cores(format_cpu(sized.pod_fixed_cpu)),
+        pod_fixed_memory_mib=mib_ceil(memory_bytes(format_mib(sized.pod_fixed_memory_mib))),
+        kata=kata,
+    )
+    return read, reading.problems
+
+
+def _policy_where(index: int, name: str) -> Where:
+    fields = {
+        "default_memory": f"spec.classes[{index}].defaultMemory",
+        "overhead_memory": f"spec.classes[{index}].overheadMemory",
+    }
+
+    def set_kata(kata: KataConfig, key: str, value: int) -> str:
+        if key == "sandbox_cgroup_only":
+            return "set spec.sandboxCgroupOnly to true"
+        return f"set {fields.get(key, key)} to {format_mib(value)}"
+
+    return Where(
+        path=f"spec.classes[{index}] ({name})",
+        pod_fixed_field=lambda key: f"spec.classes[{index}].podFixed.{key}",
+        set_kata=set_kata,
     )
 
 
 def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> list[Problem]:
-    """DESIGN.md invariants: errors make the policy invalid; the one warning does not."""
+    """The rules of docs/rules.md on each class as rendered (rules.check_class)."""
     problems = []
+    host = HostOverhead(fn.host_memory_mib, fn.host_cpu)
     for index, sized in enumerate(classes):
-        path = f"spec.classes[{index}] ({sized.name})"
-        pf_mem, pf_cpu = format_mib(sized.pod_fixed_memory_mib), format_cpu(sized.pod_fixed_cpu)
-        if sized.runtime is Runtime.RUST:
-            if not sized.pod_fixed_memory_mib > sized.overhead_memory_mib:
-                problems.append(Problem(Severity.ERROR, path, (
-                    f"podFixed.memory {pf_mem} must be above overhead_memory "
-                    f"{format_mib(sized.overhead_memory_mib)}: podFixed covers the guest side "
-                    "(overhead_memory) plus the host side")))
-            if not sized.pod_fixed_cpu > sized.overhead_vcpus:
-                problems.append(Problem(Severity.ERROR, path, (
-                    f"podFixed.cpu {pf_cpu} must be above overhead_vcpus "
-                    f"{format_vcpus(sized.overhead_vcpus)}: podFixed covers the guest side "
-                    "(overhead_vcpus) plus the host side")))
-            if sized.pod_fixed_memory_mib < sized.default_memory_mib + fn.host_memory_mib:
-                problems.append(Problem(Severity.WARNING, path, (
-                    f"podFixed.memory {pf_mem} is below default_memory "
-                    f"{format_mib(sized.default_memory_mib)} + host memory "
-                    f"{format_mib(fn.host_memory_mib)}: pods without limits boot a VM of "
-                    "default_memory and are under-accounted")))
-        else:
-            if not sized.pod_fixed_memory_mib > sized.default_memory_mib:
-                problems.append(Problem(Severity.ERROR, path, (
-                    f"podFixed.memory {pf_mem} must be above default_memory "
-                    f"{format_mib(sized.default_memory_mib)}: in the Go runtime default_memory "
-                    "is the guest budget and podFixed must cover it plus the host side")))
-            if sized.default_memory_mib < defaults.GO_MIN_DEFAULT_MEMORY_MIB:
-                problems.append(Problem(Severity.ERROR, path, (
-                    f"default_memory {format_mib(sized.default_memory_mib)} is below "
-                    f"{format_mib(defaults.GO_MIN_DEFAULT_MEMORY_MIB)}: the Go runtime replaces it "
-                    f"with its built-in {defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB, so every VM of "
-                    "this class is larger than podFixed accounts")))
+        where = _policy_where(index, sized.name)
+        pod_fixed = PodFixed(sized.pod_fixed_memory_mib * MIB, sized.pod_fixed_cpu)
+        for problem in check_class(sized.kata, pod_fixed, host, where):
+            if problem.rule == Rule.SANDBOX_CGROUP_ONLY and index:
+                continue  # one policy field: said once, not per class
+            problems.append(problem)
         if sized.largest_vm.memory_mib <= 0:
-            problems.append(Problem(Severity.ERROR, path, (
+            problems.append(Problem(Severity.ERROR, Rule.LARGEST_VM_ZERO, where.path, (
                 "the largest VM of this class has 0 MiB of memory; set a non-zero memory "
                 "envelope or overhead_memory")))
     return problems
@@ -265,11 +301,21 @@ def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> 
 def size_policy(policy: KataSizingPolicy) -> PolicySizing:
     spec = policy.spec
     runtime = spec.effective_runtime
-    fn, problems = overhead_function(spec)
+    hypervisor = spec.effective_hypervisor
+    problems = check_shim(spec.shim, spec.runtime, spec.hypervisor)
+    fn, fit_problems = overhead_function(spec)
+    problems += fit_problems
     prefix = policy.runtime_class_prefix
-    classes = tuple(_size_class(c, runtime, fn, spec, prefix) for c in spec.effective_classes)
+    classes = []
+    for index, size_class in enumerate(spec.effective_classes):
+        sized, reading_problems = _as_rendered(
+            _size_class(size_class, runtime, fn, spec, prefix), spec, hypervisor,
+            f"the drop-in of spec.classes[{index}] ({size_class.name})")
+        classes.append(sized)
+        problems += reading_problems
+    classes = tuple(classes)
     problems += check_invariants(classes, fn)
-    return PolicySizing(policy, runtime, spec.effective_hypervisor, fn, classes, tuple(problems))
+    return PolicySizing(policy, runtime, hypervisor, fn, classes, tuple(problems))
 
 
 # --- The VM simulator: each runtime's own rules (DOMAIN.md section 2) ----------------------
@@ -356,7 +402,8 @@ def explain_pod(
             sized.default_vcpus, sized.default_memory_mib, sizing.hypervisor,
         )
     else:
-        simulated = simulate_go(cpu_limit, memory_limit_bytes, sized.default_vcpus, sized.default_memory_mib)
+        simulated = simulate_go(
+            cpu_limit, memory_limit_bytes, sized.default_vcpus, sized.kata.effective_default_memory_mib)
     vm = simulated.vm
     accounted_cpu = (cpu_limit or Decimal(0)) + sized.pod_fixed_cpu
     accounted_bytes = (memory_limit_bytes or 0) + sized.pod_fixed_memory_mib * MIB
