@@ -113,7 +113,7 @@ def test_chart_defaults_go_shims_are_under_accounted() -> None:
 def test_chart_defaults_qemu_finding_reads_as_domain_says() -> None:
     f = _finding(audit_values(_load(CHART_DEFAULTS), []), "kata-qemu", Rule.GO_POD_FIXED_MEMORY)
     assert f.severity == Severity.ERROR and f.handler == "kata-qemu"
-    assert "320Mi must be above default_memory 2048 MiB" in f.message
+    assert "320Mi must be above default_memory 2Gi" in f.message
     assert "set shims.qemu.runtimeClass.overhead.memory to 2098Mi (default_memory 2048 MiB + 50 MiB host)" in f.fix
     # The other way out: shrink the guest budget to what podFixed pays for.
     assert "add to shims.qemu.dropIn under [hypervisor.qemu]: default_memory = 270" in f.fix
@@ -245,21 +245,28 @@ def test_sandbox_memory_zero_uses_katas_wording() -> None:
         "configure non-zero default_memory/overhead_memory")
 
 
-def test_drop_in_sandbox_cgroup_only_and_a_hypervisor_table_of_another_name() -> None:
+def test_a_hypervisor_table_the_shim_does_not_read_is_an_error_and_its_keys_are_not_used() -> None:
     drop_in = "[hypervisor.clh]\ndefault_memory = 256\n[runtime]\nsandbox_cgroup_only = true\n"
     report = audit_values(_one_shim("qemu", dropIn=drop_in, runtimeClass={"overhead": {"memory": "306Mi"}}), [])
-    assert report.findings == []
-    assert report.checked[0].kata.default_memory_mib == 256
-    assert any("[hypervisor.clh]" in n for n in report.notes)
+    # The qemu shim sizes its VM from [hypervisor.qemu]: the shipped 2048 MiB stays.
+    assert report.checked[0].kata.default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    assert {(f.severity, f.rule) for f in report.findings} == {
+        (Severity.ERROR, Rule.HYPERVISOR_SECTION_IGNORED), (Severity.ERROR, Rule.GO_POD_FIXED_MEMORY),
+    }
+    f = _finding(report, "kata-qemu", Rule.HYPERVISOR_SECTION_IGNORED)
+    assert "[hypervisor.clh]" in f.message and "shims.qemu.dropIn" in f.message
+    assert f.fix == "move the keys under [hypervisor.qemu] in shims.qemu.dropIn"
 
 
 def test_go_default_memory_below_the_runtimes_minimum_is_replaced_by_2048() -> None:
     values = _one_shim("qemu", dropIn=_drop_in(default_memory=200, sandbox_cgroup_only=True),
                        runtimeClass={"overhead": {"memory": "250Mi"}})
     report = audit_values(values, [])
-    assert report.checked[0].kata.default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    assert report.checked[0].kata.default_memory_mib == 200
+    assert report.checked[0].kata.effective_default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    # The same severity as `validate` gives it: one rule set.
     assert {(f.severity, f.rule) for f in report.findings} == {
-        (Severity.WARNING, Rule.GO_DEFAULT_MEMORY_IGNORED), (Severity.ERROR, Rule.GO_POD_FIXED_MEMORY),
+        (Severity.ERROR, Rule.GO_DEFAULT_MEMORY_IGNORED), (Severity.ERROR, Rule.GO_POD_FIXED_MEMORY),
     }
 
 

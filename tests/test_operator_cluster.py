@@ -157,7 +157,7 @@ def test_unmanaged_kata_runtime_classes_are_audited_in_status(cluster, fast_guid
     found = wait_for(lambda: status(emu, NAME).get("unmanagedRuntimeClasses"), message="the audit in status")
     errors = [f for f in found if f["severity"] == "error"]
     assert [f["runtimeClass"] for f in errors] == ["kata-qemu"]
-    assert "320Mi" in errors[0]["message"] and "2048 MiB" in errors[0]["message"]
+    assert "320Mi" in errors[0]["message"] and "default_memory 2Gi" in errors[0]["message"]
     assert "2098Mi" in errors[0]["fix"]
     assert all(f["runtimeClass"] != "gvisor" for f in found)
     assert all(not f["runtimeClass"].startswith("kata-qemu-rs-") for f in found), "our own classes are managed"

@@ -11,75 +11,32 @@ read textually from the `handler:` line of the runtimeClass string).
 
 from __future__ import annotations
 
-import math
-import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import yaml
 
 from . import defaults
 from .defaults import Runtime, ShimInfo
-from .quantity import MIB, QuantityError, cpu_cores, format_cpu, format_memory, format_mib, format_vcpus, memory_bytes
+from .quantity import QuantityError, cpu_cores, format_cpu, format_memory, format_vcpus, memory_bytes
+from .rules import (  # noqa: F401  (Rule and Severity are part of this module's API)
+    HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter, read_drop_in,
+)
 
-
-class Severity:
-    ERROR = "error"
-    WARNING = "warning"
-
-
-class Rule:
-    OVERHEAD_DISABLED = "overhead-disabled"
-    GO_POD_FIXED_MEMORY = "go-pod-fixed-memory"
-    GO_HOST_UNCOVERED = "go-host-side-uncovered"
-    GO_DEFAULT_MEMORY_IGNORED = "go-default-memory-ignored"
-    RUST_POD_FIXED_MEMORY = "rust-pod-fixed-memory"
-    RUST_POD_FIXED_CPU = "rust-pod-fixed-cpu"
-    NO_LIMITS_UNDER_ACCOUNTED = "no-limits-under-accounted"
-    SANDBOX_CGROUP_ONLY = "sandbox-cgroup-only"
-    SANDBOX_MEMORY_ZERO = "sandbox-memory-zero"
-    DROP_IN_INVALID = "drop-in-invalid"
-    OVERHEAD_INVALID = "overhead-invalid"
-    RUNTIME_CLASS_INVALID = "runtime-class-invalid"
+if TYPE_CHECKING:
+    from .model import KataSizingPolicy
 
 
 class AuditError(ValueError):
     """Input the audit cannot work on at all (not a mapping of values)."""
 
 
-_DROP_IN_HYPERVISOR_INTS = ("default_memory", "overhead_memory")
-_DROP_IN_HYPERVISOR_NUMBERS = ("default_vcpus", "overhead_vcpus")
-_DROP_IN_RUNTIME_BOOLS = ("static_sandbox_resource_mgmt", "sandbox_cgroup_only")
 # kata-deploy's extra RuntimeClasses per shim (`debug`, `devkit`) reuse the shim's config.
 _HANDLER_VARIANTS = ("-debug", "-devkit")
 # [kd-values] defaultShim is read in this order by the chart's runtimeclasses.yaml.
 _DEFAULT_SHIM_ARCHES = ("amd64", "arm64", "s390x", "ppc64le")
-
-
-@dataclass(frozen=True)
-class KataValues:
-    """The Kata settings a sandbox of this class boots with: shipped defaults, then the drop-in."""
-
-    hypervisor: str
-    default_memory_mib: int
-    default_vcpus: Decimal
-    overhead_memory_mib: int | None  # runtime-rs only
-    overhead_vcpus: Decimal | None  # runtime-rs only
-    static_sandbox_resource_mgmt: bool
-    sandbox_cgroup_only: bool
-    from_drop_in: frozenset[str] = frozenset()
-
-    def as_dict(self) -> dict:
-        return {
-            "hypervisor": self.hypervisor,
-            "defaultMemoryMiB": self.default_memory_mib,
-            "defaultVcpus": format_vcpus(self.default_vcpus),
-            "overheadMemoryMiB": self.overhead_memory_mib,
-            "overheadVcpus": None if self.overhead_vcpus is None else format_vcpus(self.overhead_vcpus),
-            "staticSandboxResourceMgmt": self.static_sandbox_resource_mgmt,
-            "sandboxCgroupOnly": self.sandbox_cgroup_only,
-            "fromDropIn": sorted(self.from_drop_in),
-        }
 
 
 @dataclass(frozen=True)
@@ -95,7 +52,7 @@ class CheckedClass:
     overhead_enabled: bool
     pod_fixed_memory_bytes: int | None
     pod_fixed_cpu: Decimal | None
-    kata: KataValues | None  # None when the drop-in cannot be read
+    kata: KataConfig | None  # None when the drop-in cannot be read
 
     def as_dict(self) -> dict:
         return {
@@ -124,6 +81,11 @@ class Finding:
     bound: str  # what the rule compares it with
     message: str
     fix: str
+
+    @classmethod
+    def of(cls, runtime_class: str, handler: str, problem: Problem) -> Finding:
+        return cls(runtime_class, handler, problem.severity, problem.rule, problem.value, problem.bound,
+                   problem.message, problem.fix)
 
     def __str__(self) -> str:
         return f"{self.runtime_class} (handler {self.handler}) [{self.rule}]: {self.message}; fix: {self.fix}"
@@ -446,94 +408,13 @@ def _live_only_candidate(name: str, handler: str, shim: str, pod_fixed: dict, en
 # --- the checks ------------------------------------------------------------------------
 
 
-def _shipped(info: ShimInfo) -> KataValues:
-    # [go-make]/[rs-make]: default_memory 2048 MiB, default_vcpus 1 for both runtimes;
-    # overhead_* and the [runtime] switches per shim (defaults.SHIMS).
-    return KataValues(
-        hypervisor=info.hypervisor,
-        default_memory_mib=defaults.SHIPPED_DEFAULT_MEMORY_MIB,
-        default_vcpus=Decimal(defaults.SHIPPED_DEFAULT_VCPUS),
-        overhead_memory_mib=info.shipped_overhead_memory_mib,
-        overhead_vcpus=info.shipped_overhead_vcpus,
-        static_sandbox_resource_mgmt=info.shipped_static_sizing,
-        sandbox_cgroup_only=info.shipped_sandbox_cgroup_only,
-    )
-
-
-def _apply_drop_in(
-    info: ShimInfo, c: _Candidate, notes: list[str], bad: list[tuple[str, str, str]], ignored: list[int]
-) -> KataValues | None:
-    """Shipped values overridden by the drop-in; None when it is not TOML (Kata would fail
-    to load the configuration). `bad` collects (key, value, why) for unusable keys, `ignored`
-    a Go default_memory the runtime replaces."""
-    kata = _shipped(info)
-    if c.drop_in is None or c.drop_in == "":
-        return kata
-    if not isinstance(c.drop_in, str):
-        bad.append(("dropIn", repr(c.drop_in), "it must be a TOML string"))
-        return None
-    try:
-        document = tomllib.loads(c.drop_in)
-    except tomllib.TOMLDecodeError as exc:
-        bad.append(("dropIn", "not TOML", str(exc)))
-        return None
-    changes: dict[str, object] = {}
-    hypervisors = _mapping(document.get("hypervisor"))
-    # Any [hypervisor.<name>] table counts; the shim's own hypervisor's table is applied last.
-    for table_name in sorted(hypervisors, key=lambda n: n == info.hypervisor):
-        if table_name != info.hypervisor:
-            notes.append(f"{c.drop_in_path}: [hypervisor.{table_name}] is not shim {c.shim}'s "
-                         f"hypervisor ({info.hypervisor}); its keys are audited as if it were")
-        table = _mapping(hypervisors[table_name])
-        for key in _DROP_IN_HYPERVISOR_INTS:
-            if key in table:
-                value = table[key]
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    bad.append((key, repr(value), "it must be a whole number of MiB, 0 or more"))
-                else:
-                    changes[key] = value
-        for key in _DROP_IN_HYPERVISOR_NUMBERS:
-            if key in table:
-                value = table[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                    bad.append((key, repr(value), "it must be a number of vCPUs, 0 or more"))
-                else:
-                    changes[key] = Decimal(str(value))
-    runtime = _mapping(document.get("runtime"))
-    for key in _DROP_IN_RUNTIME_BOOLS:
-        if key in runtime:
-            if isinstance(runtime[key], bool):
-                changes[key] = runtime[key]
-            else:
-                bad.append((key, repr(runtime[key]), "it must be true or false"))
-    if info.runtime is Runtime.GO and {"overhead_memory", "overhead_vcpus"} & set(changes):
-        notes.append(f"{c.drop_in_path}: overhead_memory/overhead_vcpus are runtime-rs settings; "
-                     f"the Go runtime of shim {c.shim} ignores them")
-        changes.pop("overhead_memory", None)
-        changes.pop("overhead_vcpus", None)
-    requested = changes.get("default_memory", defaults.GO_MIN_DEFAULT_MEMORY_MIB)
-    if info.runtime is Runtime.GO and requested < defaults.GO_MIN_DEFAULT_MEMORY_MIB:
-        ignored.append(changes["default_memory"])
-        changes["default_memory"] = defaults.SHIPPED_DEFAULT_MEMORY_MIB
-    return replace(
-        kata,
-        default_memory_mib=changes.get("default_memory", kata.default_memory_mib),
-        default_vcpus=changes.get("default_vcpus", kata.default_vcpus),
-        overhead_memory_mib=changes.get("overhead_memory", kata.overhead_memory_mib),
-        overhead_vcpus=changes.get("overhead_vcpus", kata.overhead_vcpus),
-        static_sandbox_resource_mgmt=changes.get("static_sandbox_resource_mgmt", kata.static_sandbox_resource_mgmt),
-        sandbox_cgroup_only=changes.get("sandbox_cgroup_only", kata.sandbox_cgroup_only),
-        from_drop_in=frozenset(changes),
-    )
-
-
 def _field(c: _Candidate, key: str) -> str:
     return c.pod_fixed_path.replace("{key}", key)
 
 
 def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None]:
     if "invalid" in c.pod_fixed:
-        finding(Severity.ERROR, Rule.OVERHEAD_INVALID, repr(c.pod_fixed["invalid"]), "memory and cpu quantities",
+        finding(Severity.ERROR, Rule.OVERHEAD_INVALID, repr(c.pod_fixed["invalid"])[:80], "memory and cpu quantities",
                 "the overhead is not a mapping of memory and cpu",
                 f"set {_field(c, 'memory')} and {_field(c, 'cpu')}")
         return None, None
@@ -542,153 +423,63 @@ def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None
         try:
             memory = memory_bytes(c.pod_fixed["memory"])
         except QuantityError as exc:
-            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.memory {c.pod_fixed['memory']!r}",
+            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.memory {c.pod_fixed['memory']!r}"[:100],
                     "a memory quantity", str(exc), f"set {_field(c, 'memory')} to a quantity such as 320Mi")
     if "cpu" in c.pod_fixed:
         try:
             cpu = cpu_cores(c.pod_fixed["cpu"])
         except QuantityError as exc:
-            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.cpu {c.pod_fixed['cpu']!r}",
+            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.cpu {c.pod_fixed['cpu']!r}"[:100],
                     "a CPU quantity", str(exc), f"set {_field(c, 'cpu')} to a quantity such as 250m")
     return memory, cpu
 
 
-def _memory_fixes(c: _Candidate, kata: KataValues, pod_fixed_bytes: int, host_mib: int, guest_mib: int) -> str:
-    """Raise podFixed to cover default_memory, or shrink default_memory to fit podFixed.
-    `guest_mib` is the rest of the guest budget podFixed must also cover (overhead_memory)."""
-    fixes = [f"set {_field(c, 'memory')} to {format_mib(kata.default_memory_mib + host_mib)} "
-             f"(default_memory {kata.default_memory_mib} MiB + {host_mib} MiB host)"]
-    # [survey]: a VM below the fallback default_memory (256 MiB) has no room for the kernel's
-    # share and the guest daemons, so never suggest less.
-    fallback_mib = memory_bytes(defaults.FALLBACK_MEMORY) // MIB
-    fits = pod_fixed_bytes // MIB - host_mib
-    table = f"[hypervisor.{kata.hypervisor}]"
-    if fallback_mib <= fits < kata.default_memory_mib:
-        fixes.append(f"add to {c.drop_in_path} under {table}: default_memory = {fits}")
-    elif fallback_mib < kata.default_memory_mib:
-        fixes.append(f"add to {c.drop_in_path} under {table}: default_memory = {fallback_mib} "
-                     f"([survey] fallback) and set {_field(c, 'memory')} to "
-                     f"{format_mib(max(fallback_mib, guest_mib) + host_mib)}")
-    return "; or ".join(fixes)
+def _overhead_disabled_fix(c: _Candidate) -> str:
+    if c.values_path and c.source == "runtime-class":
+        return f"enable the overhead in {c.values_path} and upgrade the release"
+    return {
+        "shim": f"set {c.values_path}.runtimeClass.overheadEnabled (or runtimeClasses.overheadEnabled) to true",
+        "custom-runtime": f"add overhead.podFixed to {c.values_path}.runtimeClass",
+    }.get(c.source, f"add overhead.podFixed to RuntimeClass {c.name} (only pods created afterwards get it)")
 
 
-def _check(c: _Candidate, notes: list[str]) -> tuple[CheckedClass, list[Finding]]:
+def _check(c: _Candidate, notes: list[str], hosts: dict[str, HostOverhead]) -> tuple[CheckedClass, list[Finding]]:
+    """One class through rules.check_class: its drop-in read as Kata reads it, its podFixed as
+    Kubernetes has it, and the host side of the policy that rendered it when known."""
     info = defaults.SHIMS[c.shim]
-    family = defaults.OVERHEAD_DEFAULTS[info.family]
-    host_mib, host_cpu = family.host_memory_mib, family.host_cpu
+    host = hosts.get(c.handler) or HostOverhead.for_shim(c.shim)
     findings: list[Finding] = []
 
     def finding(severity, rule, value, bound, message, fix) -> None:
         findings.append(Finding(c.name, c.handler, severity, rule, value, bound, message, fix))
 
+    pod_fixed_memory = pod_fixed_cpu = None
     if c.overhead_enabled:
         pod_fixed_memory, pod_fixed_cpu = _parse_pod_fixed(c, finding)
-    else:
-        pod_fixed_memory = pod_fixed_cpu = None
-        where = {
-            "shim": f"set {c.values_path}.runtimeClass.overheadEnabled (or runtimeClasses.overheadEnabled) to true",
-            "custom-runtime": f"add overhead.podFixed to {c.values_path}.runtimeClass",
-        }.get(c.source, f"add overhead.podFixed to RuntimeClass {c.name} (only pods created afterwards get it)")
-        if c.values_path and c.source == "runtime-class":
-            where = f"enable the overhead in {c.values_path} and upgrade the release"
-        finding(Severity.ERROR, Rule.OVERHEAD_DISABLED, "no overhead", "podFixed covering the VM",
-                "the RuntimeClass has no overhead: Kubernetes accounts nothing for the VM, the shim "
-                "and the VMM, so every pod's node memory is under-accounted", where)
-
-    bad: list[tuple[str, str, str]] = []
-    ignored: list[int] = []
-    kata = _apply_drop_in(info, c, notes, bad, ignored)
-    for requested in ignored:
-        finding(Severity.WARNING, Rule.GO_DEFAULT_MEMORY_IGNORED, f"default_memory {requested}",
-                f"at least {defaults.GO_MIN_DEFAULT_MEMORY_MIB} MiB", (
-                    f"the Go runtime replaces a default_memory below {defaults.GO_MIN_DEFAULT_MEMORY_MIB} MiB with "
-                    f"{defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB, so every VM boots "
-                    f"{defaults.SHIPPED_DEFAULT_MEMORY_MIB} MiB plus the limits"),
-                f"set default_memory in {c.drop_in_path} to {defaults.GO_MIN_DEFAULT_MEMORY_MIB} or more")
-    for key, value, why in bad:
-        if key == "dropIn":
-            message = (f"{c.drop_in_path} cannot be read: {why}; Kata fails to load this "
-                       "configuration, so no pod of this class starts")
-            fix = f"correct the TOML in {c.drop_in_path}"
-        else:
-            message = f"{c.drop_in_path}: {key} = {value} is not usable: {why}"
-            fix = f"correct {key} in {c.drop_in_path}"
-        finding(Severity.ERROR, Rule.DROP_IN_INVALID, value, "valid TOML" if key == "dropIn" else key, message, fix)
-
+    reading = read_drop_in(c.drop_in, KataConfig.shipped(info), c.drop_in_path)
+    notes.extend(reading.notes)
+    findings.extend(Finding.of(c.name, c.handler, p) for p in reading.problems)
+    kata = reading.config
     checked = CheckedClass(c.name, c.handler, c.shim, info.runtime, c.source, c.values_path,
                            c.overhead_enabled, pod_fixed_memory, pod_fixed_cpu, kata)
+    where = Where(path=c.name, pod_fixed_field=lambda key: _field(c, key),
+                  set_kata=drop_in_setter(c.drop_in_path), overhead_disabled_fix=_overhead_disabled_fix(c))
     if kata is None:
+        if not c.overhead_enabled:
+            finding(Severity.ERROR, Rule.OVERHEAD_DISABLED, "no overhead", "podFixed covering the VM",
+                    "the RuntimeClass has no overhead: Kubernetes accounts nothing for the VM, the shim "
+                    "and the VMM, so every pod's node memory is under-accounted", where.overhead_disabled_fix)
         return checked, findings
-
-    mem_bytes = pod_fixed_memory or 0
-    cpu = pod_fixed_cpu or Decimal(0)
-    pf_mem = f"podFixed.memory {_show_memory(pod_fixed_memory)}"
-    pf_cpu = f"podFixed.cpu {_show_cpu(pod_fixed_cpu)}"
-    table = f"[hypervisor.{kata.hypervisor}]"
-    rust_static = info.runtime is Runtime.RUST and kata.static_sandbox_resource_mgmt
-    if info.runtime is Runtime.RUST and not rust_static:
-        notes.append(f"{c.name}: static_sandbox_resource_mgmt is false, so runtime-rs sizes the VM as "
-                     "default_memory plus hot-plugged limits; checked with the default_memory rule")
-
-    if rust_static:
-        ov_mem, ov_cpu = kata.overhead_memory_mib, kata.overhead_vcpus
-        if ov_mem == 0 and kata.default_memory_mib == 0:
-            finding(Severity.ERROR, Rule.SANDBOX_MEMORY_ZERO, "overhead_memory 0, default_memory 0",
-                    "a non-zero memory", (
-                        f"computed sandbox memory is 0 MiB for hypervisor {kata.hypervisor}; set a non-zero "
-                        "memory limit or configure non-zero default_memory/overhead_memory "
-                        "(Kata refuses pods without a memory limit)"),
-                    f"add to {c.drop_in_path} under {table}: overhead_memory = "
-                    f"{info.shipped_overhead_memory_mib} ([rs-make] shipped) and default_memory = "
-                    f"{memory_bytes(defaults.FALLBACK_MEMORY) // MIB} ([survey] fallback)")
-        if c.overhead_enabled:
-            if not mem_bytes > ov_mem * MIB:
-                finding(Severity.ERROR, Rule.RUST_POD_FIXED_MEMORY, pf_mem, f"overhead_memory {ov_mem} MiB", (
-                    f"{pf_mem} must be above overhead_memory {ov_mem} MiB: podFixed covers the guest side "
-                    "(overhead_memory) plus the host side, so the node is overcommitted by every pod"),
-                    f"set {_field(c, 'memory')} to {format_mib(ov_mem + host_mib)} "
-                    f"(overhead_memory {ov_mem} MiB + {host_mib} MiB host)")
-            if not cpu > ov_cpu:
-                finding(Severity.ERROR, Rule.RUST_POD_FIXED_CPU, pf_cpu, f"overhead_vcpus {format_vcpus(ov_cpu)}", (
-                    f"{pf_cpu} must be above overhead_vcpus {format_vcpus(ov_cpu)}: podFixed covers the "
-                    "guest side (overhead_vcpus) plus the host side"),
-                    f"set {_field(c, 'cpu')} to {format_cpu(ov_cpu + host_cpu)} "
-                    f"(overhead_vcpus {format_vcpus(ov_cpu)} + {format_cpu(host_cpu)} host)")
-            if mem_bytes < (kata.default_memory_mib + host_mib) * MIB:
-                finding(Severity.WARNING, Rule.NO_LIMITS_UNDER_ACCOUNTED, pf_mem,
-                        f"default_memory {kata.default_memory_mib} MiB + {host_mib} MiB host", (
-                            f"{pf_mem} is below default_memory {kata.default_memory_mib} MiB + {host_mib} MiB "
-                            "host: pods without limits boot a VM of default_memory and are under-accounted"),
-                        _memory_fixes(c, kata, mem_bytes, host_mib, ov_mem))
-    elif c.overhead_enabled:
-        default_mib = kata.default_memory_mib
-        if not mem_bytes > default_mib * MIB:
-            short = format_memory(default_mib * MIB + host_mib * MIB - mem_bytes)
-            finding(Severity.ERROR, Rule.GO_POD_FIXED_MEMORY, pf_mem, f"default_memory {default_mib} MiB", (
-                f"{pf_mem} must be above default_memory {default_mib} MiB: every VM boots with "
-                "default_memory plus the containers' limits while Kubernetes accounts limits + "
-                f"podFixed, so every pod is under-accounted by about {short}"),
-                _memory_fixes(c, kata, mem_bytes, host_mib, 0))
-        elif mem_bytes < (default_mib + host_mib) * MIB:
-            finding(Severity.WARNING, Rule.GO_HOST_UNCOVERED, pf_mem,
-                    f"default_memory {default_mib} MiB + {host_mib} MiB host", (
-                        f"{pf_mem} covers default_memory {default_mib} MiB but not the host side "
-                        f"(shim, VMM, virtiofsd; about {host_mib} MiB [survey])"),
-                    f"set {_field(c, 'memory')} to {format_mib(default_mib + host_mib)} "
-                    f"(default_memory {default_mib} MiB + {host_mib} MiB host)")
-
-    if not kata.sandbox_cgroup_only:
-        finding(Severity.WARNING, Rule.SANDBOX_CGROUP_ONLY, "sandbox_cgroup_only false", "sandbox_cgroup_only true",
-                "the shim and the VMM run outside the pod cgroup (in /kata_overhead), so the pod's "
-                "accounting is not enforced on them",
-                f"add to {c.drop_in_path} under [runtime]: sandbox_cgroup_only = true")
+    pod_fixed = PodFixed(pod_fixed_memory, pod_fixed_cpu) if c.overhead_enabled else None
+    findings.extend(Finding.of(c.name, c.handler, p) for p in check_class(kata, pod_fixed, host, where))
     return checked, findings
 
 
-def _run(candidates: list[_Candidate], notes: list[str], findings: list[Finding]) -> AuditReport:
+def _run(candidates: list[_Candidate], notes: list[str], findings: list[Finding],
+         hosts: dict[str, HostOverhead] | None = None) -> AuditReport:
     report = AuditReport(findings=findings)
     for candidate in candidates:
-        checked, found = _check(candidate, notes)
+        checked, found = _check(candidate, notes, hosts or {})
         report.checked.append(checked)
         report.findings.extend(found)
     # A drop-in shared by a values class and its live RuntimeClasses notes the same thing twice.
@@ -711,11 +502,26 @@ def _same_pod_fixed(a: dict, b: dict) -> bool:
 # --- public API ------------------------------------------------------------------------
 
 
-def audit_values(values: dict, runtime_classes: list[dict]) -> AuditReport:
+def policy_host_overheads(policies: Sequence[KataSizingPolicy]) -> dict[str, HostOverhead]:
+    """handler -> the host side of the policy that renders it: the audit of a rendered
+    install judges podFixed with the policy's own hostMemory/hostCpu, not the shim family's."""
+    from .sizing import size_policy
+
+    hosts = {}
+    for policy in policies:
+        sizing = size_policy(policy)
+        for sized in sizing.classes:
+            hosts[sized.runtime_class] = HostOverhead(sizing.overhead.host_memory_mib, sizing.overhead.host_cpu)
+    return hosts
+
+
+def audit_values(values: dict, runtime_classes: list[dict],
+                 policies: Sequence[KataSizingPolicy] = ()) -> AuditReport:
     """Audit a kata-deploy values file and the RuntimeClasses found in the cluster.
 
     A live RuntimeClass whose handler is one the values describe takes their drop-in but
-    its own podFixed, since that is what Kubernetes uses."""
+    its own podFixed, since that is what Kubernetes uses. With `policies`, the classes they
+    render are checked with their overhead function's host side."""
     if not isinstance(values, dict):
         raise AuditError("the values are not a mapping (a kata-deploy Helm values file)")
     notes: list[str] = []
@@ -762,7 +568,7 @@ def audit_values(values: dict, runtime_classes: list[dict]) -> AuditReport:
     from_values = [
         c for c in [*(shim_candidates if creates else []), *custom] if c.handler not in replaced
     ]
-    return _run([*from_values, *live], notes, findings)
+    return _run([*from_values, *live], notes, findings, policy_host_overheads(policies))
 
 
 def audit_runtime_classes(runtime_classes: list[dict], managed_names: set[str]) -> list[Finding]:

@@ -270,7 +270,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             runtime_classes.extend(runtime_classes_from_documents(load_yaml_documents(path)))
         except AuditError as exc:
             raise InputError(f"{path}: {exc}") from None
-    report = audit_values(documents[0], runtime_classes)
+    policies = [p for path in args.policy for p in load_policies(path)]
+    report = audit_values(documents[0], runtime_classes, policies)
     if args.output == "json":
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -363,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="live RuntimeClasses (kubectl get runtimeclass -o yaml); they win over the values")
     audit.add_argument("-o", "--output", choices=("text", "json"), default="text")
     audit.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    audit.add_argument("--policy", metavar="POLICY.yaml", action="append", default=[],
+                       help="the policy that rendered (part of) the install: its classes are checked with "
+                            "its own host overhead (repeatable)")
     audit.set_defaults(func=cmd_audit)
 
     operator = sub.add_parser("operator", help="run the operator (kopf)")

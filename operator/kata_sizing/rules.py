@@ -116,8 +116,8 @@ class KataConfig:
     sandbox_cgroup_only: bool
     default_maxmemory_mib: int | None = None
     enable_hugepages: bool | None = None
-    # The keys the drop-in sets, in the order it writes them.
-    from_drop_in: tuple[str, ...] = ()
+    # The keys the drop-in sets.
+    from_drop_in: frozenset[str] = frozenset()
 
     @classmethod
     def shipped(cls, info: ShimInfo) -> KataConfig:
@@ -158,8 +158,8 @@ class KataConfig:
 
     def to_toml(self) -> str:
         """The drop-in body: the keys this configuration sets, as Kata's TOML takes them."""
-        hypervisor = [k for k in self.from_drop_in if k not in _RUNTIME_BOOL_KEYS]
-        runtime = [k for k in self.from_drop_in if k in _RUNTIME_BOOL_KEYS]
+        hypervisor = [k for k in _KEY_ORDER if k in self.from_drop_in and k not in _RUNTIME_BOOL_KEYS]
+        runtime = [k for k in _KEY_ORDER if k in self.from_drop_in and k in _RUNTIME_BOOL_KEYS]
         lines = []
         if hypervisor:
             lines.append(f"[hypervisor.{self.hypervisor}]")
@@ -198,9 +198,7 @@ def _read_float(text: str) -> Decimal:
     # Kata's TOML readers hold vCPU counts as binary floats: 0.49999999999999999999 is 0.5
     # to them. repr() gives the shortest decimal of that float, so rules compare with it.
     number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(text)
-    return Decimal(repr(number))
+    return Decimal(repr(number)) if math.isfinite(number) else Decimal("NaN")
 
 
 @dataclass(frozen=True)
@@ -263,7 +261,8 @@ def read_drop_in(text: object, base: KataConfig, where: str) -> DropInReading:
     for key in _HYPERVISOR_VCPU_KEYS:
         if key in table:
             value = table[key]
-            if isinstance(value, bool) or not isinstance(value, (int, Decimal)) or not 0 <= value <= MAX_VCPUS:
+            if (isinstance(value, bool) or not isinstance(value, (int, Decimal))
+                    or (isinstance(value, Decimal) and not value.is_finite()) or not 0 <= value <= MAX_VCPUS):
                 bad(key, _short(repr(value)), f"it must be a number of vCPUs from 0 to {MAX_VCPUS}")
             else:
                 changes[key] = Decimal(value)
@@ -290,7 +289,7 @@ def read_drop_in(text: object, base: KataConfig, where: str) -> DropInReading:
         enable_hugepages=changes.get("enable_hugepages", base.enable_hugepages),
         static_sandbox_resource_mgmt=changes.get("static_sandbox_resource_mgmt", base.static_sandbox_resource_mgmt),
         sandbox_cgroup_only=changes.get("sandbox_cgroup_only", base.sandbox_cgroup_only),
-        from_drop_in=tuple(k for k in _KEY_ORDER if k in changes),
+        from_drop_in=frozenset(changes),
     )
     if base.runtime is Runtime.RUST and not config.static_sandbox_resource_mgmt:
         notes.append(f"{where}: static_sandbox_resource_mgmt is false, so runtime-rs sizes the VM as "
@@ -391,18 +390,20 @@ def check_class(kata: KataConfig, pod_fixed: PodFixed | None, host: HostOverhead
 
     if kata.rust_static:
         ov_mem, ov_cpu = kata.overhead_memory_mib or 0, kata.overhead_vcpus or Decimal(0)
-        if ov_mem == 0:
-            problem(Severity.WARNING, Rule.SANDBOX_MEMORY_ZERO, "overhead_memory 0", "a non-zero overhead_memory", (
-                f"computed sandbox memory is 0 MiB for hypervisor {kata.hypervisor}; set a non-zero memory "
-                "limit or configure non-zero default_memory/overhead_memory: with overhead_memory 0 Kata "
-                "refuses every pod of this class that has a CPU limit but no memory limit"),
-                where.set_kata(kata, "overhead_memory", _shipped_overhead_memory(kata)))
-        if kata.default_memory_mib == 0:
-            problem(Severity.WARNING, Rule.SANDBOX_MEMORY_ZERO, "default_memory 0", "a non-zero default_memory", (
-                f"computed sandbox memory is 0 MiB for hypervisor {kata.hypervisor}; set a non-zero memory "
-                "limit or configure non-zero default_memory/overhead_memory: with default_memory 0 Kata "
-                "refuses every pod of this class without limits"),
-                where.set_kata(kata, "default_memory", _fallback_mib()))
+        zero = [key for key, mib in (("overhead_memory", ov_mem), ("default_memory", kata.default_memory_mib))
+                if mib == 0]
+        if zero:
+            # Kata's own message (runtime-rs). One zero is a choice (every pod must then set the
+            # limit that fills it); both zero leaves only pods with a memory limit able to start.
+            refused = {"overhead_memory": "has a CPU limit but no memory limit",
+                       "default_memory": "has no limits"}
+            problem(Severity.ERROR if len(zero) == 2 else Severity.WARNING, Rule.SANDBOX_MEMORY_ZERO,
+                    ", ".join(f"{key} 0" for key in zero), "a non-zero memory", (
+                        f"computed sandbox memory is 0 MiB for hypervisor {kata.hypervisor}; set a non-zero "
+                        "memory limit or configure non-zero default_memory/overhead_memory (Kata refuses "
+                        f"every pod of this class that {' or '.join(refused[key] for key in zero)})"),
+                    " and ".join(where.set_kata(kata, key, _shipped_overhead_memory(kata)
+                                                if key == "overhead_memory" else _fallback_mib()) for key in zero))
         if pod_fixed is not None:
             if not memory_bytes > ov_mem * MIB:
                 problem(Severity.ERROR, Rule.RUST_POD_FIXED_MEMORY, pf_mem, f"overhead_memory {ov_mem} MiB", (

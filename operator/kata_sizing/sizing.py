@@ -237,7 +237,7 @@ def _as_rendered(sized: ClassSizing, spec: KataSizingPolicySpec, hypervisor: str
         enable_hugepages=spec.hugepages,
         sandbox_cgroup_only=spec.sandbox_cgroup_only,
         static_sandbox_resource_mgmt=True if sized.runtime is Runtime.RUST else base.static_sandbox_resource_mgmt,
-        from_drop_in=_DROP_IN_KEYS[sized.runtime],
+        from_drop_in=frozenset(_DROP_IN_KEYS[sized.runtime]),
     )
     reading = read_drop_in(written.to_toml(), base, where)
     kata = reading.config or written
