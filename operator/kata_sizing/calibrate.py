@@ -65,8 +65,12 @@ _ALIASES = {
     "pod_cgroup_memory_current_bytes": "pod_cgroup_memory_current_bytes",
     "pod_cgroup_memory_current": "pod_cgroup_memory_current_bytes",
 }
-_NUMBER = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
-_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+# Bounds on a survey file (docs/inputs.md): no measurement needs more digits or rows.
+MAX_ROWS = 10_000
+MAX_CELL_CHARS = 32
+MAX_LINE_CHARS = 512
 
 
 class CalibrationError(ValueError):
@@ -165,7 +169,11 @@ def _normalise_header(name: str) -> str:
 
 
 def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in next(csv.reader([line], skipinitialspace=True), [])]
+    try:
+        return [cell.strip() for cell in next(csv.reader([line], skipinitialspace=True), [])]
+    except csv.Error:
+        # e.g. a NUL byte or an unterminated quote: no cell to take from this line.
+        return [line]
 
 
 def _number(column: str, text: str, integer: bool) -> tuple[Decimal | None, str | None]:
@@ -173,7 +181,9 @@ def _number(column: str, text: str, integer: bool) -> tuple[Decimal | None, str 
     pattern, kind = (_INTEGER, "a whole number") if integer else (_NUMBER, "a number")
     if not text:
         return None, f"{column}: is empty; it is required"
-    if not pattern.match(text):
+    if len(text) > MAX_CELL_CHARS:
+        return None, f"{column}: {text[:MAX_CELL_CHARS]!r}... is longer than {MAX_CELL_CHARS} characters"
+    if not pattern.fullmatch(text):
         return None, f"{column}: {text!r} is not {kind}"
     return Decimal(text), None
 
@@ -190,6 +200,12 @@ def parse_samples_csv(text: str) -> list[Sample]:
         for number, line in enumerate(text.splitlines(), start=1)
         if line.strip() and not line.lstrip().startswith("#")
     ]
+    if len(lines) > MAX_ROWS + 1:
+        raise CalibrationError(f"{len(lines) - 1} rows; a survey has at most {MAX_ROWS}")
+    too_long = [f"line {number}: {len(line)} characters is longer than {MAX_LINE_CHARS}"
+                for number, line in lines if len(line) > MAX_LINE_CHARS]
+    if too_long:
+        raise CalibrationError(too_long[:20])
     if not lines:
         raise CalibrationError("no header: the survey has no lines other than blanks and comments")
     header_line, header_text = lines[0]

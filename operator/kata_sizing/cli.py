@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import yaml
 
-from .model import KataSizingPolicy, PolicyError, parse_policy
+from . import bounded
+from .bounded import InputError
+from .model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy
 from .quantity import QuantityError, cpu_cores, memory_bytes
 
 if TYPE_CHECKING:
@@ -25,10 +27,6 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
-
-
-class InputError(Exception):
-    """The input file cannot be read or parsed at all."""
 
 
 class _LiteralDumper(yaml.SafeDumper):
@@ -49,10 +47,17 @@ def dump_yaml_documents(objects: Sequence[dict]) -> str:
 
 
 def read_text(path: str) -> str:
+    """A whole input file (or stdin for '-'), refused past bounded.MAX_INPUT_BYTES."""
+    limit = bounded.MAX_INPUT_BYTES
     try:
         if path == "-":
-            return sys.stdin.read()
-        return Path(path).read_text(encoding="utf-8")
+            data = sys.stdin.buffer.read(limit + 1) if hasattr(sys.stdin, "buffer") else \
+                sys.stdin.read(limit + 1).encode("utf-8", "surrogatepass")
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read(limit + 1)
+        bounded.check_size(data, path)
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -61,19 +66,12 @@ def read_text(path: str) -> str:
         raise InputError(f"{path}: permission denied") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def load_yaml_documents(path: str) -> list[object]:
-    text = read_text(path)
-    try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
+    documents = bounded.load_yaml_documents(read_text(path), path)
     if not documents:
         raise InputError(f"{path}: holds no YAML document")
     return documents
@@ -89,9 +87,15 @@ def load_policies(path: str) -> list[KataSizingPolicy]:
             problems.append(f"{where}: kind: {document.get('kind')!r} is not KataSizingPolicy")
             continue
         try:
-            policies.append(parse_policy(document))
+            policy = parse_policy(document)
         except PolicyError as exc:
             problems.extend(f"{where}: {line}" for line in exc.problems)
+            continue
+        if any(p.name == policy.name for p in policies):
+            # Applied together, the second would silently replace the first.
+            problems.append(f"{where}: metadata.name: a policy named {policy.name!r} is already in this file; "
+                            "names must be unique")
+        policies.append(policy)
     if problems:
         raise PolicyError(problems)
     return policies
@@ -162,8 +166,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _limit(option: str, text: str | None, parse) -> object:
+def _flag(option: str, text: str | None) -> str | None:
+    """A flag's value, bounded in length and free of control characters."""
     if text is None:
+        return None
+    try:
+        return bounded.check_flag(option, text)
+    except InputError as exc:
+        raise PolicyError([str(exc)]) from None
+
+
+def _limit(option: str, text: str | None, parse) -> object:
+    if _flag(option, text) is None:
         return None
     try:
         return parse(text)
@@ -174,6 +188,8 @@ def _limit(option: str, text: str | None, parse) -> object:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .sizing import SandboxRefused, explain_pod, size_policy
 
+    _flag("--class", args.class_name)
+    _flag("--policy-name", args.policy_name)
     policies = load_policies(args.policy)
     if len(policies) > 1 and not args.policy_name:
         names = ", ".join(p.name for p in policies)
@@ -217,6 +233,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import CalibrationError, fit_overhead, parse_samples_csv
 
+    margin_problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
+    if margin_problem:
+        raise PolicyError([f"--margin: {margin_problem}"])
     text = read_text(args.samples)
     try:
         samples = parse_samples_csv(text)

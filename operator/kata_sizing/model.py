@@ -8,7 +8,7 @@ here; `sizing` parses them exactly with `quantity`.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 import yaml
 
-from . import defaults
+from . import bounded, defaults
 from .defaults import Runtime
 from .quantity import QuantityError, cpu_cores, memory_bytes
 
@@ -36,6 +36,7 @@ KIND = "KataSizingPolicy"
 PLURAL = "katasizingpolicies"
 SHORT_NAME = "ksp"
 
+# Used with fullmatch: Python's `$` also matches before a trailing newline ("s\n").
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # RuntimeClass.handler must be a DNS label (k8s.io/api/node/v1), so the whole name is one.
@@ -68,13 +69,30 @@ def _check_cpu(text: str) -> str:
     return text
 
 
+# The CRD's pattern for these fields; Decimal() alone would also take " 0.5", "0_5", "1e3",
+# "Infinity" and non-ASCII digits, which the API server refuses.
+DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+_DECIMAL = re.compile(DECIMAL_PATTERN, re.ASCII)
+# Digits a person writes for a fraction; enough for 0.49999999999999999999999999999.
+MAX_DECIMAL_CHARS = 40
+
+
+def format_decimal_error(text: str, at_most: int | None = None) -> str | None:
+    """Why `text` is not a decimal fraction field (ratio, margin, overheadVcpus), or None."""
+    if text.startswith("-") and _DECIMAL.fullmatch(text[1:]):
+        return f"{text!r} must be a finite number >= 0"
+    if len(text) > MAX_DECIMAL_CHARS or not _DECIMAL.fullmatch(text):
+        return (f"{text[:MAX_DECIMAL_CHARS]!r} is not a decimal number of at most "
+                f"{MAX_DECIMAL_CHARS} characters (example: \"0.14\")")
+    if at_most is not None and Decimal(text) > at_most:
+        return f"{text} is above {at_most}; use a fraction such as 0.10"
+    return None
+
+
 def _check_fraction(text: str) -> str:
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        raise ValueError(f"{text!r} is not a decimal number (example: \"0.14\")") from None
-    if not value.is_finite() or value < 0:
-        raise ValueError(f"{text!r} must be a finite number >= 0")
+    problem = format_decimal_error(text)
+    if problem:
+        raise ValueError(problem)
     return text
 
 
@@ -88,7 +106,7 @@ DecimalString = Annotated[
     str,
     BeforeValidator(_as_text),
     AfterValidator(_check_fraction),
-    WithJsonSchema({"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"}),
+    WithJsonSchema({"type": "string", "pattern": DECIMAL_PATTERN, "maxLength": MAX_DECIMAL_CHARS}),
 ]
 
 
@@ -228,7 +246,7 @@ class SizeClass(_Model):
     @field_validator("name")
     @classmethod
     def _dns_label(cls, value: str) -> str:
-        if not DNS_LABEL.match(value) or len(value) > MAX_HANDLER_LENGTH:
+        if not DNS_LABEL.fullmatch(value) or len(value) > MAX_HANDLER_LENGTH:
             raise ValueError(
                 f"{value!r} is not a DNS label (lower-case letters, digits and '-', "
                 "starting and ending with a letter or digit)"
@@ -280,7 +298,7 @@ class RuntimeClassSpec(_Model):
     @field_validator("name_prefix")
     @classmethod
     def _prefix_label(cls, value: str | None) -> str | None:
-        if value is not None and not DNS_LABEL.match(value):
+        if value is not None and not DNS_LABEL.fullmatch(value):
             raise ValueError(f"{value!r} is not a DNS label")
         return value
 
@@ -324,7 +342,7 @@ class Output(_Model):
     @field_validator("namespace")
     @classmethod
     def _namespace_label(cls, value: str) -> str:
-        if not DNS_LABEL.match(value) or len(value) > 63:
+        if not DNS_LABEL.fullmatch(value) or len(value) > 63:
             raise ValueError(f"{value!r} is not a valid namespace name (a DNS label)")
         return value
 
@@ -424,7 +442,7 @@ class ObjectMeta(BaseModel):
     @field_validator("name")
     @classmethod
     def _dns_name(cls, value: str) -> str:
-        if not DNS_LABEL.match(value) or len(value) > 63:
+        if not DNS_LABEL.fullmatch(value) or len(value) > 63:
             raise ValueError(
                 f"{value!r} is not a DNS label; the policy name is used in ConfigMap and "
                 "RuntimeClass names"
@@ -599,6 +617,11 @@ def parse_policy(document: object) -> KataSizingPolicy:
     """A KataSizingPolicy from a parsed YAML/JSON document or a live object's body."""
     if not isinstance(document, dict):
         raise PolicyError([f"(policy): expected a mapping (a KataSizingPolicy), got {type(document).__name__}"])
+    try:
+        # Bodies from the API server or a review are parsed already: bound them here too.
+        bounded.check_structure(document, "(policy)")
+    except bounded.InputError as exc:
+        raise PolicyError([str(exc)]) from None
     body = {key: document[key] for key in ("apiVersion", "kind", "metadata", "spec", "status") if key in document}
     unknown = sorted(set(document) - set(body), key=str)
     problems = [f"{_key_text(key)}: unknown top-level field" for key in unknown]

@@ -32,8 +32,11 @@ _DECIMAL = {
 }
 _QUANTITY = re.compile(
     r"^(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$",
+    re.ASCII,
 )
+# A bound, not grammar: 2^63-1 has 19 digits; anything this long is not a size anyone means.
+MAX_QUANTITY_CHARS = 64
 
 
 class QuantityError(ValueError):
@@ -61,7 +64,12 @@ def parse_quantity(text: str | int | float | Decimal) -> Decimal:
 
 
 def _parse_text(text: str) -> Decimal:
-    match = _QUANTITY.match(text.strip())
+    # Exactly the API server's grammar: no surrounding whitespace, ASCII digits only
+    # (re.ASCII and fullmatch: `$` alone would accept a trailing newline).
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise QuantityError(
+            f"{text[:24]!r}... is {len(text)} characters; a quantity is at most {MAX_QUANTITY_CHARS}")
+    match = _QUANTITY.fullmatch(text)
     if not match:
         raise QuantityError(
             f"{text!r} is not a Kubernetes quantity (examples: 512Mi, 2Gi, 600m, 1.5)"
