@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
@@ -484,3 +485,72 @@ def test_the_operator_with_the_webhook_still_reconciles_within_its_rbac(webhook:
     }
     # managed=None: kopf never touches admissionregistration.k8s.io.
     assert refused == set()
+
+
+# ---- hostile or broken requests: 400 for what is not a review, a review for the rest ----
+
+
+def post_raw(webhook: Webhook, data: bytes) -> tuple[int, bytes]:
+    http_request = urllib.request.Request(webhook.url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(http_request, context=webhook.context, timeout=5) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def a_review(obj: object, **request_fields: object) -> dict:
+    request = {
+        "uid": "u-1", "kind": {"group": GROUP, "version": VERSION, "kind": "KataSizingPolicy"},
+        "resource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+        "operation": "CREATE", "userInfo": {"username": "someone"}, "object": obj, "oldObject": None,
+    }
+    request.update(request_fields)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+MALFORMED_REVIEWS = {
+    "not JSON": b"{not json",
+    "empty": b"",
+    "a list": b"[1, 2]",
+    "NaN": b'{"apiVersion": NaN}',
+    "integer past the digit limit": b'{"a": ' + b"9" * 5000 + b"}",
+    "deep nesting": b"[" * 10000 + b"]" * 10000,
+    "no request": json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
+    "request not an object": json.dumps({**a_review({}), "request": "x"}).encode(),
+    "no uid": json.dumps(a_review({}, uid=None)).encode(),
+    "no userInfo": json.dumps(a_review({}, userInfo=None)).encode(),
+    "no resource": json.dumps(a_review({}, resource=None)).encode(),
+    "object not an object": json.dumps(a_review("a string")).encode(),
+    "no object at all": json.dumps(a_review(None)).encode(),
+    "other kind": json.dumps({**a_review({}), "kind": "Pod"}).encode(),
+}
+
+
+@pytest.mark.emulator
+def test_bodies_that_are_not_reviews_get_400_and_reviews_always_get_a_review(webhook: Webhook) -> None:
+    for name, data in MALFORMED_REVIEWS.items():
+        status, body = post_raw(webhook, data)
+        assert status == 400, (name, status, body[:200])
+        assert b"Traceback" not in body
+    # Well-formed reviews, however odd their object, get an AdmissionReview.
+    odd_objects = {
+        "empty object": {},
+        "deep spec": {"metadata": {"name": "p"}, "spec": json.loads("[" * 40 + "]" * 40)},
+        "huge number": {"metadata": {"name": "p"}, "spec": {"shim": "qemu", "classes": [
+            {"name": "s", "cpu": 10**30, "memory": "1Gi"}]}},
+        "name with a newline": {"metadata": {"name": "p\n"}, "spec": {"shim": "qemu"}},
+        "quantity with spaces": {"metadata": {"name": "p"}, "spec": {"shim": "qemu", "nodes": {
+            "systemReserved": " 4Gi"}}},
+    }
+    for name, obj in odd_objects.items():
+        status, body = post_raw(webhook, json.dumps(a_review(obj)).encode())
+        assert status == 200, (name, status, body[:200])
+        review = json.loads(body)
+        assert review["kind"] == "AdmissionReview" and review["response"]["uid"] == "u-1"
+        assert review["response"]["allowed"] is False, name
+        assert review["response"]["status"]["code"] == 422, (name, review)
+    # A review of a resource the operator has no rule for is answered, and allowed.
+    other = a_review({"metadata": {"name": "x"}}, resource={"group": "", "version": "v1", "resource": "pods"})
+    status, body = post_raw(webhook, json.dumps(other).encode())
+    assert status == 200 and json.loads(body)["response"]["allowed"] is True

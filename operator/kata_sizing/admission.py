@@ -34,3 +34,47 @@ def needs_review(operation: str | None, old: Mapping | None, new: Mapping | None
     if operation == "UPDATE" and old is not None and new is not None:
         return old.get("spec") != new.get("spec")
     return True
+
+
+ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+MAX_UID_CHARS = 128
+
+
+def review_problem(review: object) -> str | None:
+    """Why a decoded body is not an AdmissionReview request the webhook can answer, or None.
+
+    The API server always sends these fields (admission.k8s.io/v1 AdmissionRequest); a body
+    without them is not a review, and the answer is HTTP 400 rather than a guess."""
+    if not isinstance(review, dict):
+        return "the body is not a JSON object (an AdmissionReview)"
+    if review.get("kind") != "AdmissionReview" or review.get("apiVersion") not in ADMISSION_VERSIONS:
+        return f"kind/apiVersion must be AdmissionReview in {' or '.join(ADMISSION_VERSIONS)}"
+    request = review.get("request")
+    if not isinstance(request, dict):
+        return "request is missing or not an object"
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID_CHARS or not uid.isprintable():
+        return f"request.uid must be a printable string of 1 to {MAX_UID_CHARS} characters"
+    resource = request.get("resource")
+    if not isinstance(resource, dict) or not all(isinstance(resource.get(k), str)
+                                                 for k in ("group", "version", "resource")):
+        return "request.resource must hold group, version and resource strings"
+    if not isinstance(request.get("userInfo"), dict):
+        return "request.userInfo is missing or not an object"
+    if not isinstance(request.get("operation"), str):
+        return "request.operation is missing or not a string"
+    new, old = request.get("object"), request.get("oldObject")
+    if not all(body is None or isinstance(body, dict) for body in (new, old)) or (new is None and old is None):
+        return "request.object or request.oldObject must be an object"
+    return None
+
+
+def review_response(review: dict, allowed: bool, message: str = "", code: int = 0,
+                    warnings: list[str] | None = None) -> dict:
+    """An AdmissionReview answer to a well-formed review (review_problem returned None)."""
+    response: dict = {"uid": review["request"]["uid"], "allowed": allowed}
+    if message:
+        response["status"] = {"code": code, "message": message}
+    if warnings:
+        response["warnings"] = warnings
+    return {"apiVersion": review["apiVersion"], "kind": "AdmissionReview", "response": response}

@@ -6,7 +6,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+import aiohttp.web
 import kopf
+# kopf raises these for reviews it cannot route; they are not exported at its top level.
+from kopf._core.engines.admission import WebhookError
+
+from . import admission, bounded
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -20,10 +27,40 @@ class WebhookOptions:
     insecure: bool = False  # plain HTTP: tests only; the API server calls webhooks over HTTPS
 
 
+class BoundedWebhookServer(kopf.WebhookServer):
+    """kopf's webhook server, with its request handling made total: a body that is not an
+    AdmissionReview gets HTTP 400 with the reason (kopf answers some of those with 500 and
+    a traceback in the log), and a well-formed review always gets an AdmissionReview back."""
+
+    @staticmethod
+    async def _serve(fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # noqa: ANN001 - kopf's
+        try:
+            text = await request.read()
+            review = bounded.load_json(text, "the request body")
+        except bounded.InputError as exc:
+            raise aiohttp.web.HTTPBadRequest(text=str(exc)) from None
+        problem = admission.review_problem(review)
+        if problem:
+            raise aiohttp.web.HTTPBadRequest(text=f"not an AdmissionReview request: {problem}")
+        headers = dict(request.headers)
+        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+        try:
+            answer = await fn(review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers)
+        except WebhookError as exc:
+            # A review of a resource this operator has no rule for: nothing to refuse.
+            answer = admission.review_response(review, allowed=True, warnings=[f"kata-sizing: {exc}"])
+        except Exception:  # noqa: BLE001 - the API server must get an answer, not a 500
+            log.exception("admission review %s failed", review["request"]["uid"])
+            answer = admission.review_response(
+                review, allowed=False, code=500,
+                message="kata-sizing could not review this object (internal error; see the operator log)")
+        return aiohttp.web.json_response(answer)
+
+
 def configure_webhook(settings: kopf.OperatorSettings, options: WebhookOptions) -> None:
     # kopf re-reads the cert/key files when they change (file_check_interval), so a
     # cert-manager renewal needs no restart.
-    settings.admission.server = kopf.WebhookServer(
+    settings.admission.server = BoundedWebhookServer(
         addr=options.addr, port=options.port, certfile=options.certfile, pkeyfile=options.pkeyfile,
         insecure=options.insecure,
     )
