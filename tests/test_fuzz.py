@@ -1,0 +1,197 @@
+"""Issue 7's properties, with a fuzz budget: `make test` runs FUZZ_EXAMPLES (default 60) per
+property, `make fuzz` many more (KATA_SIZING_FUZZ_EXAMPLES, with hypothesis' statistics
+printed: the count of inputs each property tried).
+
+- For any valid policy, `audit` of what `render` wrote finds no error, and with the policy
+  the same rules `validate` gives.
+- For any valid policy, what `render` writes parses back to the same numbers.
+- Any byte string as a policy file, values file or CSV, and any string as a CLI flag value,
+  ends in exit 0, 1 or 2 with one-line messages and no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kata_sizing import defaults
+from kata_sizing.audit import audit_values
+from kata_sizing.cli import main
+from kata_sizing.defaults import Runtime
+from kata_sizing.model import parse_policy
+from kata_sizing.quantity import MIB, cpu_cores, memory_bytes
+from kata_sizing.render import render_policy
+from kata_sizing.rules import KataConfig, Severity, read_drop_in
+from kata_sizing.sizing import size_policy
+from tests.test_properties import valid_policies
+
+FUZZ_EXAMPLES = int(os.environ.get("KATA_SIZING_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the rendered output, judged by the same rules ----------------------------------------
+
+
+def _rendered_install(document: dict):
+    policy = parse_policy(document)
+    rendered = render_policy(policy)
+    return policy, rendered, yaml.safe_load(rendered.values_yaml)
+
+
+@FUZZ
+@given(document=valid_policies())
+def test_audit_of_a_rendered_valid_policy_finds_no_error(document):
+    policy, rendered, values = _rendered_install(document)
+    runtime_classes = rendered.runtime_classes
+    with_policy = audit_values(values, runtime_classes, [policy])
+    assert with_policy.errors == [], [str(f) for f in with_policy.errors]
+    # With the policy, audit and validate apply the same rules to each class.
+    validated = {(p.severity, p.rule) for p in rendered.sizing.problems}
+    audited = {(f.severity, f.rule) for f in with_policy.findings}
+    assert audited == validated
+    # Without it (the shim family's host side assumed), still no error: no rule's error
+    # depends on the host side.
+    assert [f for f in audit_values(values, runtime_classes).findings if f.severity == Severity.ERROR] == []
+
+
+@FUZZ
+@given(document=valid_policies())
+def test_what_render_writes_parses_back_to_the_same_numbers(document):
+    policy, rendered, values = _rendered_install(document)
+    sizing = rendered.sizing
+    base = KataConfig.shipped(defaults.SHIMS[policy.spec.shim])
+    by_name = {rc["metadata"]["name"]: rc for rc in rendered.runtime_classes}
+    for sized in sizing.classes:
+        runtime_class = by_name[sized.runtime_class]
+        pod_fixed = runtime_class["overhead"]["podFixed"]
+        assert cpu_cores(pod_fixed["cpu"]) == sized.pod_fixed_cpu
+        assert memory_bytes(pod_fixed["memory"]) == sized.pod_fixed_memory_mib * MIB
+        drop_in = rendered.drop_ins[f"{sized.name}.toml"]
+        assert read_drop_in(drop_in, base, "d").config == sized.kata
+        table = tomllib.loads(drop_in)["hypervisor"][sizing.hypervisor]
+        assert table["default_memory"] == sized.default_memory_mib
+        assert table["default_vcpus"] == sized.default_vcpus
+        if sizing.runtime is Runtime.RUST:
+            assert table["overhead_memory"] == sized.overhead_memory_mib
+            assert table["overhead_vcpus"] == float(sized.overhead_vcpus)
+            assert table["default_maxmemory"] == sized.default_maxmemory_mib
+        custom = values["customRuntimes"]["runtimes"][sized.runtime_class]
+        assert custom["dropIn"] == drop_in
+        assert yaml.safe_load(custom["runtimeClass"])["overhead"] == runtime_class["overhead"]
+
+
+# --- any input: exit 0, 1 or 2, never a traceback ----------------------------------------
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse: a usage error
+            code = exc.code
+    text = err.getvalue()
+    assert code in (0, 1, 2), (argv, code, text[-500:])
+    assert "Traceback" not in text
+    if code:
+        lines = text.splitlines()
+        assert lines, argv
+        assert all(line.startswith(("error: ", "warning: ", "note: ", "usage: ", "kata-sizing"))
+                   or line.startswith(" ") for line in lines), text[-500:]
+    return code, text
+
+
+@contextlib.contextmanager
+def _file(data: bytes, name: str) -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / name
+        path.write_bytes(data)
+        yield str(path)
+
+
+# Pieces that break parsers: YAML structure, aliases, huge numbers, control characters,
+# quantities at their edges. Bytes are drawn from these and from anything at all.
+FRAGMENTS = [
+    b"apiVersion: katasizing.dev/v1alpha1\n", b"kind: KataSizingPolicy\n", b"metadata: {name: p}\n",
+    b"spec:\n", b"  shim: qemu-runtime-rs\n", b"  classes:\n", b"  - name: s\n", b"    cpu: '1'\n",
+    b"    memory: 1Gi\n", b"&a [*a]", b"&a [1,2,3]\n", b"b: &b [*a,*a,*a,*a]\n", b"<<: *a\n", b"*b",
+    b"---\n", b"...\n", b"key: 1\nkey: 2\n", b"1" * 50, b"1e99999", b"0x" + b"f" * 40, b"\x00", b"\xff\xfe",
+    b"\t", b"\r\n", b"\xe2\x80\xa8", b"  ", b"[" * 50, b"]" * 50, b"{", b"}", b"!!python/object:os.system",
+    b"!!binary AAAA", b"\"\\u0000\"", b"' 1Gi'", b"\xd9\xa3Mi", b"-", b": ", b"- ", b"# c\n", b"%YAML 1.1\n",
+    b"shims:\n  qemu:\n    enabled: true\n    dropIn: |\n      [hypervisor.qemu]\n      default_memory = 0\n",
+    b"customRuntimes: {enabled: true, runtimes: {x: {baseConfig: qemu, runtimeClass: 'handler: x'}}}\n",
+    b"container_limit_mib,vm_nominal_mib,free_total_mib,free_used_mib\n", b"50,306,197,27\n",
+    b"\"" + b"9" * 300 + b"\"", b",,,,", b"\"a,b", b"1.5,2.5,1,0\n",
+]
+hostile_bytes = st.one_of(
+    st.binary(max_size=400),
+    st.lists(st.sampled_from(FRAGMENTS), max_size=20).map(b"".join),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.binary(max_size=8)), max_size=20).map(b"".join),
+)
+
+
+@FUZZ
+@given(data=hostile_bytes)
+def test_any_bytes_as_a_policy_file_exit_cleanly(data):
+    with _file(data, "policy.yaml") as path:
+        for argv in (["validate", path], ["render", path], ["explain", path, "--class", "s"]):
+            _run(argv)
+
+
+@FUZZ
+@given(data=hostile_bytes)
+def test_any_bytes_as_a_values_file_or_runtime_class_list_exit_cleanly(data):
+    with _file(data, "values.yaml") as path:
+        _run(["audit", path])
+        _run(["audit", str(ROOT / "tests" / "fixtures" / "audit" / "mistakes.yaml"), path])
+
+
+@FUZZ
+@given(data=hostile_bytes)
+def test_any_bytes_as_a_csv_exit_cleanly(data):
+    with _file(data, "samples.csv") as path:
+        _run(["calibrate", path])
+
+
+EDGE_FLAGS = ["", " ", "1", "0", "-1", "1.5", "600Mi", " 600Mi", "600Mi\n", "1e99999", "9" * 300, "1" * 64,
+              "\x00", "\u0663", "NaN", "inf", "-0", "0.", ".5", "1e-99999", "9Ei", "abc", "--strict"]
+flag_values = st.one_of(st.sampled_from(EDGE_FLAGS), st.text(max_size=80))
+
+
+@FUZZ
+@given(value=flag_values)
+def test_any_string_as_a_flag_value_exits_cleanly(value):
+    policy = str(ROOT / "examples" / "measured-classes.yaml")
+    samples = str(ROOT / "tests" / "fixtures" / "survey-aks-clh-snp.csv")
+    for argv in (
+        ["explain", policy, "--class", "m", "--cpu", value],
+        ["explain", policy, "--class", "m", "--memory", value],
+        ["explain", policy, "--class", value],
+        ["explain", policy, "--class", "m", "--policy-name", value],
+        ["render", policy, "--node-capacity", value],
+        ["render", policy, "--node-capacity", "64Gi", "--node-cpu", value],
+        ["render", policy, "--node-capacity", "64Gi", "--infra-pod-memory", value],
+        ["calibrate", samples, "--margin", value],
+    ):
+        _run(argv)
+
+
+@pytest.mark.parametrize("value, accepted", [("0.10", True), ("1", True), ("1.5", False), ("-0.1", False),
+                                              ("NaN", False), ("abc", False), ("1e3", False)])
+def test_calibrate_margin_is_checked_like_the_policys(value, accepted, capsys) -> None:
+    code = main(["calibrate", str(ROOT / "tests" / "fixtures" / "survey-aks-clh-snp.csv"), "--margin", value])
+    err = capsys.readouterr().err
+    assert code == (0 if accepted else 1)
+    assert accepted or err.startswith("error: --margin: ")
