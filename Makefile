@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test bench crds check-crds tools controlplane clean
+.PHONY: demo test fuzz bench crds check-crds tools controlplane clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ test: $(STAMP) $(TOOLS)/kubectl
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory controlplane; \
 	else echo "go not found: the real control plane is not built and its tests will skip"; fi
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q
+
+# The property and hostile-input tests of tests/test_fuzz.py with a larger budget than
+# `make test` gives them (60 inputs per property); hypothesis prints how many it tried.
+FUZZ_EXAMPLES ?= 3000
+fuzz: $(STAMP)
+	KATA_SIZING_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics
 
 bench: $(STAMP)
 	$(PY) bench/run.py

@@ -17,7 +17,7 @@ echo
 echo "== drop-in for class m of examples/qemu-runtime-rs.yaml"
 "$ks" render examples/qemu-runtime-rs.yaml -o json \
   | .venv/bin/python -c 'import json,sys; items=json.load(sys.stdin)["items"]; print(next(o for o in items if o["metadata"]["name"].endswith("-dropins"))["data"]["m.toml"])'
-echo "== DOMAIN.md's worked examples, class m of examples/measured-classes.yaml"
+echo "== the worked examples (docs/sizing-model.md), class m of examples/measured-classes.yaml"
 "$ks" explain examples/measured-classes.yaml --class m --cpu 1.5 --memory 600Mi
 "$ks" explain examples/measured-classes.yaml --class m --memory 512Mi
 "$ks" explain examples/measured-classes.yaml --class m --cpu 1.5

@@ -1,5 +1,4 @@
-"""`kata-sizing audit`: kata-deploy values and live RuntimeClasses against DOMAIN.md
-section 2's rules. Fixtures in tests/fixtures/audit/ are written by hand with the chart's
+"""`kata-sizing audit`: kata-deploy values and live RuntimeClasses against docs/rules.md. Fixtures in tests/fixtures/audit/ are written by hand with the chart's
 shape; nothing outside the repository is read."""
 
 from __future__ import annotations

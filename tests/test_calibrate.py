@@ -80,7 +80,7 @@ def _csv(samples: list[Sample]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- the survey of DOMAIN.md section 3 ------------------------------------------------
+# --- the survey of docs/sizing-model.md ------------------------------------------------
 
 
 def test_survey_parses_as_the_table_says() -> None:
@@ -127,7 +127,7 @@ def test_survey_fitted_parameters() -> None:
 def test_survey_host_side() -> None:
     """memory.current / MiB - nominal is 6.2 to 23.4 MiB, so 24 MiB rounded up.
 
-    DOMAIN.md's "about 50 MiB worst case" is the published bound (host < 50 MiB), not
+    The survey's "about 50 MiB worst case" is the published bound (host < 50 MiB), not
     what these rows measure; the largest measured host side is 4587950080 B = 4375.41 MiB
     against a 4352 MiB VM.
     """

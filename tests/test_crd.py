@@ -24,8 +24,8 @@ CRD_FILE = ROOT / "crds" / "katasizingpolicies.katasizing.dev.yaml"
 # The oldest Kubernetes the install supports and the newest kubernetes-validate ships.
 SCHEMA_VERSIONS = ("1.25", ".".join(kubernetes_validate.latest_version().split(".")[:2]))
 
-# The spec of DESIGN.md's example policy, every field set.
-DESIGN_EXAMPLE_SPEC: dict[str, Any] = {
+# The spec of the README's example policy, every field set.
+EXAMPLE_SPEC: dict[str, Any] = {
     "shim": "qemu-runtime-rs",
     "runtime": "Rust",
     "hypervisor": "qemu",
@@ -83,9 +83,9 @@ def policy(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[s
 
 
 def with_change(path: str, value: Any) -> dict[str, Any]:
-    """DESIGN_EXAMPLE_SPEC with one field replaced (a path like `classes.0.name`), or
+    """EXAMPLE_SPEC with one field replaced (a path like `classes.0.name`), or
     removed when value is `...`."""
-    spec = copy.deepcopy(DESIGN_EXAMPLE_SPEC)
+    spec = copy.deepcopy(EXAMPLE_SPEC)
     *parents, last = path.split(".")
     node: Any = spec
     for part in parents:
@@ -386,8 +386,8 @@ def test_design_example_is_valid(validator: jsonschema.Draft4Validator) -> None:
         "driftCorrections": 0,
         "warnings": [],
     }
-    assert schema_errors(validator, policy(DESIGN_EXAMPLE_SPEC, status)) == []
-    assert model_accepts(DESIGN_EXAMPLE_SPEC)
+    assert schema_errors(validator, policy(EXAMPLE_SPEC, status)) == []
+    assert model_accepts(EXAMPLE_SPEC)
     model.KataSizingPolicyStatus.model_validate(status)
 
 
@@ -432,7 +432,7 @@ def test_invalid_policy_is_rejected_by_schema_and_model(
 
 
 def test_missing_spec_is_rejected(validator: jsonschema.Draft4Validator) -> None:
-    obj = policy(DESIGN_EXAMPLE_SPEC)
+    obj = policy(EXAMPLE_SPEC)
     del obj["spec"]
     assert schema_errors(validator, obj)
 

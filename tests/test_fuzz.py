@@ -95,7 +95,7 @@ def test_what_render_writes_parses_back_to_the_same_numbers(document):
 # --- any input: exit 0, 1 or 2, never a traceback ----------------------------------------
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
+def _run(argv: list[str], reported_on_stdout: bool = False) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -105,7 +105,7 @@ def _run(argv: list[str]) -> tuple[int, str]:
     text = err.getvalue()
     assert code in (0, 1, 2), (argv, code, text[-500:])
     assert "Traceback" not in text
-    if code:
+    if code and not reported_on_stdout:
         lines = text.splitlines()
         assert lines, argv
         assert all(line.startswith(("error: ", "warning: ", "note: ", "usage: ", "kata-sizing"))
@@ -154,8 +154,8 @@ def test_any_bytes_as_a_policy_file_exit_cleanly(data):
 @given(data=hostile_bytes)
 def test_any_bytes_as_a_values_file_or_runtime_class_list_exit_cleanly(data):
     with _file(data, "values.yaml") as path:
-        _run(["audit", path])
-        _run(["audit", str(ROOT / "tests" / "fixtures" / "audit" / "mistakes.yaml"), path])
+        _run(["audit", path], reported_on_stdout=True)
+        _run(["audit", str(ROOT / "tests" / "fixtures" / "audit" / "mistakes.yaml"), path], reported_on_stdout=True)
 
 
 @FUZZ
@@ -195,3 +195,66 @@ def test_calibrate_margin_is_checked_like_the_policys(value, accepted, capsys) -
     err = capsys.readouterr().err
     assert code == (0 if accepted else 1)
     assert accepted or err.startswith("error: --margin: ")
+
+
+# --- hostile values files: a real install's shape with one part replaced --------------------
+
+VALUES_FIXTURES = [ROOT / "tests" / "fixtures" / "audit" / name
+                   for name in ("mistakes.yaml", "kata-deploy-defaults.yaml")]
+HOSTILE_TOML = [
+    "[hypervisor.qemu]\ndefault_memory = 99999999999999999999\n", "[hypervisor.qemu]\noverhead_vcpus = 1e308\n",
+    "[hypervisor.qemu]\ndefault_vcpus = -inf\n", "[hypervisor]\nqemu = 1\n", "hypervisor = 'x'\n",
+    "[hypervisor.qemu]\ndefault_memory = 1979-05-27\n", "[runtime]\nsandbox_cgroup_only = [true]\n",
+    "[hypervisor.qemu]\noverhead_memory = 0\ndefault_memory = 0\n", "a = " + "[" * 600 + "]" * 600 + "\n",
+    "[hypervisor.\"qemu\\u0000\"]\ndefault_memory = 1\n", "\x00", "[[hypervisor.qemu]]\n",
+]
+HOSTILE_RUNTIME_CLASS = [
+    "handler: x\noverhead: {podFixed: {memory: ' 1Gi', cpu: 1e400}}\n", "handler: 'kata-x'\n",
+    "handler:\n", "handler: [a]\n", "kind: RuntimeClass\nhandler: kata-x\noverhead: {podFixed: 5}\n",
+    "&a [*a]", "handler: kata-x\nhandler: kata-y\n",
+]
+hostile_leaves = st.one_of(
+    st.sampled_from(HOSTILE_TOML), st.sampled_from(HOSTILE_RUNTIME_CLASS), st.sampled_from(EDGE_FLAGS),
+    st.integers(-(2**80), 2**80), st.floats(), st.none(), st.booleans(), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3), st.text(max_size=40),
+)
+
+
+def _leaf_paths(node, prefix=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield (*prefix, key)
+            yield from _leaf_paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield (*prefix, index)
+            yield from _leaf_paths(value, (*prefix, index))
+
+
+@st.composite
+def hostile_values(draw) -> dict:
+    values = yaml.safe_load(draw(st.sampled_from(VALUES_FIXTURES)).read_text())
+    for _ in range(draw(st.integers(1, 4))):
+        path = draw(st.sampled_from(list(_leaf_paths(values))))
+        target = values
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = draw(hostile_leaves)
+    return values
+
+
+@FUZZ
+@given(values=hostile_values())
+def test_any_values_of_the_charts_shape_audit_cleanly(values):
+    try:
+        text = yaml.safe_dump(values)
+    except (yaml.YAMLError, ValueError):
+        text = None
+    report = audit_values(values, [])
+    for finding in report.findings:
+        assert "\n" not in finding.message and "\n" not in finding.fix
+    if text is not None:
+        with _file(text.encode(), "values.yaml") as path:
+            # audit reports its findings on stdout (a table, or JSON).
+            _run(["audit", path], reported_on_stdout=True)
+            _run(["audit", "-o", "json", path], reported_on_stdout=True)

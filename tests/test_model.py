@@ -52,7 +52,7 @@ def test_runtime_and_hypervisor_default_from_the_shim(shim, runtime, hypervisor)
 
 
 def test_every_known_shim_follows_domain_naming_rule():
-    # DOMAIN.md section 2: -runtime-rs, dragonball and openvmm-azure-runtime-rs are Rust.
+    # docs/sizing-model.md: -runtime-rs, dragonball and openvmm-azure-runtime-rs are Rust.
     for name, info in defaults.SHIMS.items():
         rust = name.endswith("-runtime-rs") or name == "dragonball"
         assert info.runtime is (Runtime.RUST if rust else Runtime.GO), name

@@ -1,4 +1,4 @@
-"""The sizing math against DOMAIN.md's own numbers (sections 2 and 3)."""
+"""The sizing math against docs/sizing-model.md's own numbers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from kata_sizing.sizing import (
     size_policy,
 )
 
-# DOMAIN.md section 2's worked-example class (runtime-rs).
+# docs/sizing-model.md's worked-example class (runtime-rs).
 WORKED_CLASS = {
     "name": "m",
     "cpu": "2",
@@ -33,7 +33,7 @@ WORKED_CLASS = {
     "podFixed": {"cpu": "600m", "memory": "160Mi"},
 }
 
-# DOMAIN.md section 3's survey (MiB): container limit, VM nominal, free total, free used.
+# The survey of docs/sizing-model.md (MiB): container limit, VM nominal, free total, free used.
 SURVEY = [
     (50, 306, 197, 27),
     (150, 406, 295, 26),
@@ -177,8 +177,8 @@ def test_go_runtime_uses_default_vcpus_given_per_class():
 
 
 def test_computed_default_classes_for_qemu_runtime_rs():
-    # guest budget G = (96 + 0.14 L) / 0.86 x 1.10, rounded up to even MiB (DOMAIN.md
-    # section 3 with the standard-family defaults); podFixed = max(G, 256) + 50, 0.2 + 0.05.
+    # guest budget G = (96 + 0.14 L) / 0.86 x 1.10, rounded up to even MiB (docs/sizing-model.md,
+    # the overhead function with the standard-family defaults); podFixed = max(G, 256) + 50, 0.2 + 0.05.
     sizing = _sizing({"shim": "qemu-runtime-rs"}, name="qemu-rs")
     assert sizing.problems == ()
     table = {
@@ -280,7 +280,7 @@ def test_computed_values_never_break_an_invariant_across_shims():
         assert _sizing({"shim": shim}).problems == (), shim
 
 
-# --- DOMAIN.md section 3: the survey and the guest budget ---------------------------------
+# --- docs/sizing-model.md: the survey and the guest budget ---------------------------------
 
 SURVEY_FUNCTION = {"guestMemoryBase": "96Mi", "guestMemoryRatio": "0.14", "margin": "0"}
 

@@ -1,5 +1,5 @@
 """Audit of an existing kata-deploy install: its Helm values and, optionally, the live
-RuntimeClasses, checked against the rules of DOMAIN.md section 2.
+RuntimeClasses, checked against the rules of docs/rules.md (rules.py).
 
 Pure: dicts in, an `AuditReport` out; the CLI reads the files. How the values become
 RuntimeClasses follows the kata-deploy chart ([kd-values] in defaults.py): its

@@ -1,6 +1,6 @@
 """Fit Kata's guest overhead as a function of VM size from measured survey rows.
 
-A survey row is one sandbox measured from inside and outside (DOMAIN.md section 3):
+A survey row is one sandbox measured from inside and outside (docs/sizing-model.md):
 inside the guest, `free -m` gives `total` (what the kernel left to userland) and `used`
 (the guest daemons); on the host, the pod cgroup's `memory.current` covers the VM plus
 the shim and VMM. From these:
@@ -52,7 +52,7 @@ _COLUMNS = (
 )
 _OPTIONAL = frozenset({"pod_cgroup_memory_current_bytes"})
 # Header spellings after _normalise_header: the canonical names, the same without the
-# unit suffix, and the wording of the survey table in DOMAIN.md section 3.
+# unit suffix, and the wording of the survey table in docs/sizing-model.md.
 _ALIASES = {
     "container_limit_mib": "container_limit_mib",
     "container_limit": "container_limit_mib",

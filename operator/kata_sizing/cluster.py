@@ -1,4 +1,4 @@
-"""Node facts from live Node and Pod objects, for node guidance (DOMAIN.md section 5).
+"""Node facts from live Node and Pod objects, for node guidance (docs/sizing-model.md, Nodes).
 
 Pure functions over API-shaped dicts. The operator feeds them from kopf indexes (filled by
 watches), so recomputing guidance costs no API call.

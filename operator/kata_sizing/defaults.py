@@ -1,6 +1,6 @@
 """Every default number kata-sizing uses, each with its source.
 
-Sources (see README "Where the defaults come from"):
+Sources (docs/sizing-model.md lists them with every default):
 - [kd-values]  kata-deploy Helm chart values.yaml and its built-in podFixed table
                (kata-containers commit 7c6ba40c, tools/packaging/kata-deploy/helm-chart).
 - [rs-make]    src/runtime-rs/Makefile: shipped runtime-rs overhead_vcpus/overhead_memory,
@@ -64,7 +64,7 @@ _SURVEY_BASE_MIB = 96
 _HOST_MEMORY_MIB = 50
 # [rs-ratio]: 0.2 vCPU shipped overhead is ~80% of kata-deploy's 250m podFixed -> 50m host.
 _HOST_CPU = Decimal("0.05")
-# Project choice (DESIGN.md example): 10% head-room on the guest budget.
+# Project choice: 10% head-room on the guest budget.
 _MARGIN = Decimal("0.10")
 
 OVERHEAD_DEFAULTS: dict[Family, OverheadDefaults] = {
@@ -169,14 +169,14 @@ SHIMS: dict[str, ShimInfo] = {s.name: s for s in (
 # [kd-values]: peer pods run no local VM; kata-sizing has nothing to size there.
 OUT_OF_SCOPE_SHIMS = {"remote": "remote (peer pods) runs no local VM and is out of scope"}
 
-# In DOMAIN's podFixed table (so the audit knows its RuntimeClass) but not a shim of the
+# In kata-deploy's podFixed table [kd-values] (so the audit knows its RuntimeClass) but not a shim of the
 # chart at 7c6ba40c: a custom runtime's baseConfig could not name it.
 NOT_CHART_SHIMS = {"stratovirt"}
 
 HYPERVISORS = ("qemu", "clh", "dragonball", "firecracker", "stratovirt", "openvmm")
 
 # Hypervisors whose guest RAM is not a file on /dev/shm (Cloud Hypervisor uses memfd;
-# DOMAIN.md section 5). Firecracker and dragonball back guest RAM with anonymous memory.
+# docs/sizing-model.md, Nodes). Firecracker and dragonball back guest RAM with anonymous memory.
 SHM_BACKED_HYPERVISORS = ("qemu", "stratovirt")
 
 
@@ -200,7 +200,7 @@ DEFAULT_CLASSES = (
 # kata-deploy labels the nodes it installed on with this [kd-values].
 KATA_NODE_LABEL = {"katacontainers.io/kata-runtime": "true"}
 
-# DOMAIN.md section 5 example reservations.
+# A 256 GiB node example: 248 GiB allocatable (docs/sizing-model.md, Nodes).
 NODE_SYSTEM_RESERVED = "4Gi"
 NODE_KUBE_RESERVED = "2Gi"
 NODE_EVICTION_HARD = "2Gi"

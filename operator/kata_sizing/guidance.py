@@ -1,6 +1,6 @@
 """Per-node guidance: kubelet reservations, /dev/shm size and how many VMs fit.
 
-DOMAIN.md section 5. Pure: the operator (from Node and Pod objects) and the CLI (from
+docs/sizing-model.md, Nodes. Pure: the operator (from Node and Pod objects) and the CLI (from
 `--node-capacity`) both hand in `NodeFacts`; nodes with identical facts form one group.
 """
 

@@ -124,7 +124,7 @@ class Resources(_Model):
 
 
 class Sample(_Model):
-    """One survey row (DOMAIN.md section 3): a VM of known size and what it could use."""
+    """One survey row (docs/sizing-model.md): a VM of known size and what it could use."""
 
     container_limit_mib: int = Field(ge=0, description="The container's memory limit, MiB.")
     vm_nominal_mib: int = Field(gt=0, description="The VM's nominal memory, MiB.")

@@ -544,7 +544,7 @@ async def reconcile(
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
     if applied.warnings and applied.warnings != (body.get("status") or {}).get("warnings"):
-        # Valid, but an administrator should hear of it once (DESIGN: status, events, validate).
+        # Valid, but an administrator should hear of it once (docs/rules.md: status, events, validate).
         sink(ref, "Warning", cond.EVENT_WARNING, "; ".join(applied.warnings))
     if applied.conflicts and not _conflict_already_said(body, applied.conflicts):
         sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))

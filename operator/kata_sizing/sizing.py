@@ -1,6 +1,6 @@
 """The sizing math: pure functions from a validated policy to per-class Kata settings.
 
-DOMAIN.md section 2 (the two runtimes' rules) and section 3 (the guest budget formula).
+docs/sizing-model.md (the two runtimes' rules and the guest budget formula).
 No I/O; everything exact (int MiB, Decimal cores).
 """
 
@@ -318,7 +318,7 @@ def size_policy(policy: KataSizingPolicy) -> PolicySizing:
     return PolicySizing(policy, runtime, hypervisor, fn, classes, tuple(problems))
 
 
-# --- The VM simulator: each runtime's own rules (DOMAIN.md section 2) ----------------------
+# --- The VM simulator: each runtime's own rules (docs/sizing-model.md) ----------------------
 
 
 class SandboxRefused(Exception):
