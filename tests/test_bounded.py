@@ -165,3 +165,18 @@ def test_oversize_or_broken_csv_fields_are_problems_not_crashes(capsys, write, l
 def test_flag_values_are_bounded_and_printable(capsys, argv, message) -> None:
     code, err = run(capsys, "explain", ROOT / "examples" / "measured-classes.yaml", "--class", "m", *argv)
     assert code == 1 and message in err
+
+
+@pytest.mark.parametrize("selector, problem", [
+    ({"bad key": "x"}, "'bad key' is not a label key"),
+    ({"k": "v\n"}, "'v\\n' is not a label value"),
+    ({"k": "x" * 64}, "is not a label value"),
+    ({"Example.com/k": "v"}, "is not a label key"),
+])
+def test_selectors_are_kubernetes_labels(selector, problem) -> None:
+    document = yaml.safe_load(POLICY)
+    document["spec"]["runtimeClass"] = {"nodeSelector": selector}
+    with pytest.raises(PolicyError) as info:
+        parse_policy(document)
+    assert info.value.problems[0].startswith("spec.runtimeClass.nodeSelector: ")
+    assert problem in info.value.problems[0]

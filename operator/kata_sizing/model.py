@@ -39,6 +39,8 @@ SHORT_NAME = "ksp"
 # Used with fullmatch: Python's `$` also matches before a trailing newline ("s\n").
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# k8s.io/apimachinery validation: a label name/value (63 characters at most).
+LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", re.ASCII)
 # RuntimeClass.handler must be a DNS label (k8s.io/api/node/v1), so the whole name is one.
 MAX_HANDLER_LENGTH = 63
 
@@ -261,6 +263,29 @@ class SizeClass(_Model):
         return value
 
 
+def label_key_problem(key: str) -> str | None:
+    """Why `key` is not a Kubernetes label key (optional DNS-subdomain prefix and a name)."""
+    prefix, _, name = key.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix))) or len(name) > 63 \
+            or not LABEL_NAME.fullmatch(name):
+        return f"{key[:80]!r} is not a label key ([prefix/]name, name of letters, digits, '-', '_', '.')"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    if value and (len(value) > 63 or not LABEL_NAME.fullmatch(value)):
+        return f"{value[:80]!r} is not a label value (at most 63 letters, digits, '-', '_', '.')"
+    return None
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        problem = label_key_problem(key) or label_value_problem(value)
+        if problem:
+            raise ValueError(problem)
+    return labels
+
+
 class Toleration(_Model):
     """A toleration copied into each RuntimeClass's scheduling (core/v1 Toleration)."""
 
@@ -273,6 +298,22 @@ class Toleration(_Model):
     toleration_seconds: int | None = Field(
         default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
     )
+
+    @field_validator("key")
+    @classmethod
+    def _label_key(cls, value: str | None) -> str | None:
+        problem = label_key_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _label_value(cls, value: str | None) -> str | None:
+        problem = label_value_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class RuntimeClassSpec(_Model):
@@ -294,6 +335,8 @@ class RuntimeClassSpec(_Model):
         description="Operator: the operator creates RuntimeClasses. KataDeploy: the chart does, "
         "from the rendered values; the operator only guards their fields.",
     )
+
+    _node_selector_labels = field_validator("node_selector")(_check_labels)
 
     @field_validator("name_prefix")
     @classmethod
@@ -324,6 +367,8 @@ class Nodes(_Model):
         description="auto: sum of non-Kata pod memory requests per node; or a quantity.",
         json_schema_extra={"x-kubernetes-int-or-string": True},
     )
+
+    _selector_labels = field_validator("selector")(_check_labels)
 
     @field_validator("infra_pod_memory", mode="before")
     @classmethod
