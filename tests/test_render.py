@@ -446,6 +446,8 @@ def test_characters_beyond_the_bmp_survive_the_json_fallback(text):
 
 
 def test_template_values_beyond_the_bmp_survive_tojson():
-    rendered = render_policy(_policy({"shim": "qemu-runtime-rs", "runtimeClass": {
-        "nodeSelector": {"example.com/zone": "\U0001f600"}}}))
-    assert rendered.runtime_classes[0]["scheduling"]["nodeSelector"] == {"example.com/zone": "\U0001f600"}
+    # Selectors are label values now (an emoji is refused there), so the filter itself is checked.
+    from kata_sizing.render import _json_for_yaml
+
+    value = {"example.com/zone": "\U0001f600 \\ud83d"}
+    assert yaml.safe_load(_json_for_yaml(value)) == value
