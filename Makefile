@@ -47,8 +47,10 @@ FUZZ_EXAMPLES ?= 3000
 fuzz: $(STAMP)
 	KATA_SIZING_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics
 
-bench: $(STAMP)
-	$(PY) bench/run.py
+# The helm section compares `kata-sizing render` with `helm template` of the kata-deploy
+# chart, which is not in this repository: KATA_DEPLOY_CHART=<kata-containers checkout>/tools/packaging/kata-deploy/helm-chart/kata-deploy
+bench: $(STAMP) $(TOOLS)/kubectl
+	KATA_DEPLOY_CHART="$(KATA_DEPLOY_CHART)" $(PY) bench/run.py
 
 # The CRD is generated from the models; the Helm chart carries the same file in its crds/.
 CRD_FILES := crds/katasizingpolicies.katasizing.dev.yaml charts/kata-sizing/crds/katasizingpolicies.katasizing.dev.yaml

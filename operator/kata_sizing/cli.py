@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import yaml
 
-from . import bounded
+from . import __version__, bounded
 from .bounded import InputError
 from .model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy
 from .quantity import QuantityError, cpu_cores, memory_bytes
@@ -122,11 +122,14 @@ def cmd_render(args: argparse.Namespace) -> int:
             capacity_cpu=_limit("--node-cpu", args.node_cpu, cpu_cores),
             infra_pod_memory_bytes=_limit("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
         )]
-    objects, errors = [], []
+    objects, errors, overlays = [], [], []
     for policy in policies:
         rendered = render_policy(policy, nodes=nodes)
         errors.extend(f"{policy.name}: {p}" for p in rendered.problems if p.severity == "error")
         _print_problems([f"{policy.name}: {p}" for p in rendered.problems if p.severity == "warning"], "warning")
+        overlays.append((policy.name, rendered.values_yaml))
+        if args.values_only:
+            continue
         if not rendered.creates_runtime_classes:
             print(
                 f"note: {policy.name}: runtimeClass.managedBy is KataDeploy; the kata-deploy chart "
@@ -137,11 +140,38 @@ def cmd_render(args: argparse.Namespace) -> int:
     if errors:
         _print_problems(errors)
         return EXIT_INVALID
+    if args.values_only:
+        return _print_values_overlay(overlays, args.output)
     if args.output == "json":
         body = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
         print(json.dumps(body, indent=2))
     else:
         sys.stdout.write(dump_yaml_documents(objects))
+    return EXIT_OK
+
+
+def _print_values_overlay(overlays: list[tuple[str, str]], output: str) -> int:
+    """The kata-deploy values overlay alone, for a pipeline that commits it next to the
+    HelmRelease (or passes it to `helm upgrade -f`). Several policies give one overlay with
+    every policy's custom runtimes."""
+    if len(overlays) == 1 and output == "yaml":
+        sys.stdout.write(overlays[0][1])  # as rendered, with its comments
+        return EXIT_OK
+    runtimes: dict[str, object] = {}
+    owner: dict[str, str] = {}
+    for policy_name, text in overlays:
+        for name, runtime in yaml.safe_load(text)["customRuntimes"]["runtimes"].items():
+            if name in runtimes:
+                raise PolicyError([f"{policy_name}: custom runtime {name!r} is also rendered by policy "
+                                   f"{owner[name]!r}; one overlay cannot hold both"])
+            runtimes[name], owner[name] = runtime, policy_name
+    merged = {"customRuntimes": {"enabled": True, "runtimes": runtimes}}
+    if output == "json":
+        print(json.dumps(merged, indent=2))
+    else:
+        print(f"# kata-deploy values overlay rendered by kata-sizing from KataSizingPolicies "
+              f"{', '.join(name for name, _ in overlays)}.")
+        sys.stdout.write(yaml.dump(merged, Dumper=_LiteralDumper, sort_keys=False))
     return EXIT_OK
 
 
@@ -344,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kata-sizing",
         description="Size Kata Containers runtime classes from a KataSizingPolicy.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     render = sub.add_parser("render", help="print every object the operator would apply")
@@ -353,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--node-cpu", metavar="QUANTITY", help="the node's CPU capacity, for VMs-per-class")
     render.add_argument("--infra-pod-memory", metavar="QUANTITY",
                         help="memory requests of the node's non-Kata pods (default: none)")
+    render.add_argument("--values-only", action="store_true",
+                        help="print only the kata-deploy values overlay (for helm -f, or to commit for GitOps)")
     render.add_argument("--node-name", default="node", help=argparse.SUPPRESS)
     render.set_defaults(func=cmd_render)
 

@@ -1,0 +1,93 @@
+"""`kata-sizing render` against `helm template` of the kata-deploy chart, pair by pair.
+
+The chart is not part of this repository: point KATA_DEPLOY_CHART at a checkout's
+tools/packaging/kata-deploy/helm-chart/kata-deploy (`make bench KATA_DEPLOY_CHART=...`).
+For each example policy, helm renders the chart with that policy's values overlay and
+kata-sizing renders the policy; the two commands alternate, so both see the same machine
+load, and the ratio of the medians is compared with the 1.5x target. The import profile of
+`kata-sizing render` (python -X importtime) says where its time goes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIO_TARGET = 1.5
+# Top-level packages whose import time is reported, cumulative, in ms.
+PROFILED = ("pydantic", "pydantic_core", "jinja2", "yaml", "argparse", "kata_sizing.model",
+            "kata_sizing.render", "kata_sizing.cli")
+
+
+def _helm() -> str | None:
+    local = ROOT / ".tools" / "helm"
+    return str(local) if os.access(local, os.X_OK) else shutil.which("helm")
+
+
+def _seconds(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def import_profile(argv: list[str]) -> dict[str, float]:
+    """Cumulative import time (ms) of the PROFILED modules in one run of `argv`'s command."""
+    result = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True,
+                            text=True, check=True)
+    found = {}
+    for line in result.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = (part.strip() for part in line.split("|"))
+        if name in PROFILED and cumulative.isdigit():
+            found[name] = int(cumulative) / 1000
+    return found
+
+
+def bench_helm(report, quick: bool = False) -> None:
+    from kata_sizing.model import parse_policy
+    from kata_sizing.render import render_policy
+    import yaml
+
+    chart = os.environ.get("KATA_DEPLOY_CHART")
+    if not chart:
+        report("KATA_DEPLOY_CHART is not set: fetch kata-containers and pass its "
+               "tools/packaging/kata-deploy/helm-chart/kata-deploy", "", "", "SKIP")
+        return
+    if not (Path(chart) / "Chart.yaml").exists():
+        report(f"KATA_DEPLOY_CHART={chart} holds no Chart.yaml", "", "", "SKIP")
+        return
+    helm = _helm()
+    if helm is None:
+        report("helm not at .tools/helm nor on PATH (make tools)", "", "", "SKIP")
+        return
+    script = Path(sys.executable).parent / "kata-sizing"
+    pairs = 7 if quick else 15
+    policies = sorted((ROOT / "examples").glob("*.yaml"))
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in policies:
+            policy = parse_policy(yaml.safe_load(path.read_text()))
+            overlay = Path(tmp) / f"{policy.name}.yaml"
+            overlay.write_text(render_policy(policy).values_yaml)
+            helm_argv = [helm, "template", "kata-deploy", chart, "-f", str(overlay)]
+            ours_argv = [str(script), "render", str(path)]
+            _seconds(helm_argv), _seconds(ours_argv)  # warm the page cache and bytecode
+            helm_s, ours_s = [], []
+            for _ in range(pairs):
+                helm_s.append(_seconds(helm_argv))
+                ours_s.append(_seconds(ours_argv))
+            h, o = statistics.median(helm_s), statistics.median(ours_s)
+            ratio = o / h
+            report(f"examples/{path.name}: helm template {h * 1000:.0f} ms, kata-sizing render "
+                   f"{o * 1000:.0f} ms (medians of {pairs} pairs)", f"{ratio:.2f}x",
+                   f"<= {RATIO_TARGET}x", "PASS" if ratio <= RATIO_TARGET else "MISS")
+    profile = import_profile(["-m", "kata_sizing.cli", "render", str(policies[0])])
+    report("import profile of kata-sizing render (cumulative ms): " + ", ".join(
+        f"{name} {ms:.0f}" for name, ms in sorted(profile.items(), key=lambda kv: -kv[1])), "", "", "")
