@@ -50,11 +50,14 @@ def free_port() -> int:
 
 
 def get(url: str) -> tuple[int, str]:
+    """(status, body); (0, "") while nothing listens yet."""
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+    except OSError:
+        return 0, ""
 
 
 # --- hooks, in-process ------------------------------------------------------------------------

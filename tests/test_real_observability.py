@@ -6,27 +6,15 @@ the operator's /metrics, /readyz and JSON log line while it reconciles against t
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 import yaml
 
 from tests.realcluster import ROOT, free_port, poll
-from tests.test_metrics import value
+from tests.test_metrics import get, value
 from tests.test_real_operator import create_ready, qemu_rs, wait_observed
 
 pytestmark = pytest.mark.realserver
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except OSError:
-        return 0, ""
 
 
 def columns(cp, name: str) -> dict[str, str]:
