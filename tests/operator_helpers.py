@@ -32,8 +32,9 @@ EVENT_PATH = re.compile(r"^/api/v1/namespaces/[^/]+/events|^/apis/events\.k8s\.i
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 5, message: str | Callable[[], str] = "") -> T:
-    """Poll `predicate` every 20 ms until it returns something truthy; return that."""
+def wait_for(predicate: Callable[[], T], timeout: float = 5, message: str | Callable[[], str] = "",
+             interval: float = POLL_S) -> T:
+    """Poll `predicate` every `interval` (20 ms) until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
@@ -42,7 +43,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 5, message: str | Call
         if time.monotonic() > deadline:
             text = message() if callable(message) else message
             raise AssertionError(f"not met within {timeout}s: {text or getattr(predicate, '__name__', predicate)}")
-        time.sleep(POLL_S)
+        time.sleep(interval)
 
 
 def stays(predicate: Callable[[], Any], duration: float, message: str = "") -> None:

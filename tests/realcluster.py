@@ -33,10 +33,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+
+from tests.operator_helpers import wait_for as poll
 
 ROOT = Path(__file__).resolve().parent.parent
 BINARY = ROOT / ".tools" / "controlplane"
@@ -51,9 +53,6 @@ WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollectio
 POLICIES = "/apis/katasizing.dev/v1alpha1/katasizingpolicies"
 RUNTIME_CLASSES = "/apis/node.k8s.io/v1/runtimeclasses"
 
-T = TypeVar("T")
-
-
 def configmaps(namespace: str = OPERATOR_NAMESPACE) -> str:
     return f"/api/v1/namespaces/{namespace}/configmaps"
 
@@ -62,20 +61,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def poll(predicate: Callable[[], T], timeout: float = 10, message: str | Callable[[], str] = "",
-         interval: float = 0.05) -> T:
-    """Call `predicate` until it returns something truthy; return that, or fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"not met within {timeout}s: {text or predicate}")
-        time.sleep(interval)
 
 
 class ApiError(Exception):

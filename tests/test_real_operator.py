@@ -223,9 +223,12 @@ def test_a_changed_handler_is_deleted_and_recreated(control_plane, real_operator
     real_operator.start()
     poll(lambda: (control_plane.get(rc_path(name)) or {}).get("handler") == name, 15,
          lambda: f"{name}: {control_plane.get(rc_path(name))}")
+    # Deleted once. A second delete may be tried by the drift handler with the old object's uid
+    # as a precondition: the real server answers 409 and nothing is lost.
     deleted = [w for w in control_plane.operator_writes(real_operator.started_at_offset, "runtimeclasses")
                if w.verb == "delete" and w.name == name]
-    assert len(deleted) == 1, deleted
+    assert [w.code for w in deleted if w.code < 300] == [200], deleted
+    assert all(w.code == 409 for w in deleted if w.code >= 300), deleted
 
 
 def test_drift_of_every_managed_field_and_deletion_of_every_object_is_put_back(control_plane, real_operator):
@@ -263,10 +266,11 @@ def test_drift_of_every_managed_field_and_deletion_of_every_object_is_put_back(c
         path = rc_path(name) if name in rcs else cm_path(name)
         control_plane.delete(path)
         poll(lambda path=path: control_plane.get(path), 10, f"{name} re-created")
-    # Every edit and deletion is counted, but for the node guidance's data: the guidance timer
-    # may rewrite that from the live cluster before the drift watch sees the edit.
+    # Every edit and deletion is counted, but for the node guidance ConfigMap's: the guidance
+    # timer (every second here) may rewrite or re-create it from the live cluster before the
+    # drift watch sees the change, and that is not a drift correction.
     st = status(control_plane, "drift")
-    assert int(st.get("driftCorrections") or 0) >= len(edits) + (len(cms) - 1) + len(rcs) + len(cms)
+    assert int(st.get("driftCorrections") or 0) >= len(edits) + len(rcs) + 2 * (len(cms) - 1)
 
 
 def test_report_mode_reports_and_leaves_the_edit(control_plane, real_operator):
