@@ -430,3 +430,15 @@ def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_
     granted = granted_permissions()
     assert used <= granted, f"used but not granted (impossible without a 403): {used - granted}"
     assert granted - used == set(), f"granted but never used by the operator: {sorted(granted - used)}"
+
+
+def test_a_policy_deleted_while_its_timer_runs_is_released_promptly(control_plane, real_operator):
+    """kopf releases a deleted object only once its timers have stopped; with a timer mid-run it
+    checks again after `cancellation_polling` (60 s by default): `kubectl delete` hung."""
+    real_operator.start(guidance_s=0.1)  # the guidance timer runs almost all the time
+    for i in range(3):
+        create_ready(control_plane, qemu_rs(f"busy-{i}"))
+        started = time.monotonic()
+        control_plane.kubectl("delete", "ksp", f"busy-{i}", "--timeout=20s")
+        assert time.monotonic() - started < 10, "the deletion waited for kopf's timer check"
+        assert runtime_classes(control_plane, f"busy-{i}") == {}

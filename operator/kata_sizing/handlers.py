@@ -58,6 +58,10 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     # ConfigMaps are many in a real cluster: let the API server filter them for the watch.
     settings.watching.label_selectors["", "v1", "configmaps"] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     settings.posting.level = logging.INFO
+    # A policy deleted while one of its timers runs is released (finalizer removed) only when
+    # kopf checks the stopped timer again: every 60 s by default, so `kubectl delete ksp` could
+    # hang for a minute (seen on the real API server). The check is cheap; do it often.
+    settings.background.cancellation_polling = 0.5
     memo.api = await KubeApi.connect()
     memo.cache = rc.DesiredCache()
     memo.locks = {}
