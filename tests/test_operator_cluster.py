@@ -161,7 +161,9 @@ def test_unmanaged_kata_runtime_classes_are_audited_in_status(cluster, fast_guid
     assert "2098Mi" in errors[0]["fix"]
     assert all(f["runtimeClass"] != "gvisor" for f in found)
     assert all(not f["runtimeClass"].startswith("kata-qemu-rs-") for f in found), "our own classes are managed"
-    assert any("kata-qemu" in m for m in event_messages(emu, "UnmanagedRuntimeClassAudit", "Warning"))
+    # The event is posted after the status write of the same pass: wait for it, do not race it.
+    wait_for(lambda: any("kata-qemu" in m for m in event_messages(emu, "UnmanagedRuntimeClassAudit", "Warning")),
+             message="a Warning event names kata-qemu")
 
     emu.objects("runtimeclasses").delete("kata-qemu")
     wait_for(lambda: status(emu, NAME).get("unmanagedRuntimeClasses") == [],
