@@ -212,6 +212,13 @@ def named(records: list) -> list[str]:
     return names
 
 
+def handler_runs(caplog: Any, handler: str) -> int:
+    """How many times kopf reports a handler (`Timer 'resync'`, `Handler 'resume'`) succeeded.
+    Passes that read only the operator's caches make no request to count them by; the test
+    must have called `caplog.set_level(logging.INFO, logger="kopf")`."""
+    return sum(1 for r in caplog.records if r.getMessage() == f"{handler} succeeded.")
+
+
 # --- the operator under test -----------------------------------------------------------------
 
 

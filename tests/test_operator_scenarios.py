@@ -5,6 +5,7 @@ operator made to get there (from the emulator's request log)."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 
@@ -12,6 +13,7 @@ from kata_sizing import conditions as cond
 from kata_sizing.model import parse_policy
 from kata_sizing.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from tests.operator_helpers import (
+    handler_runs,
     CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RC_PATH, RUNTIME_CLASSES, STATUS_PATH,
     condition, conditions, config_maps, counter, describe_writes, edit, event_messages, events,
     example, explicit_classes_policy, get_cm, get_rc, named, observed, pod_fixed, policy,
@@ -343,7 +345,8 @@ def test_report_mode_reports_drift_without_correcting_it_until_switched_back(clu
 # --- 8. a RuntimeClass somebody else owns ---------------------------------------------------
 
 
-def test_an_unmanaged_runtime_class_with_our_name_is_left_alone_and_reported(cluster):
+def test_an_unmanaged_runtime_class_with_our_name_is_left_alone_and_reported(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="kopf")
     emu = cluster.emu
     theirs = emu.objects(RUNTIME_CLASSES).create({
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
@@ -366,8 +369,9 @@ def test_an_unmanaged_runtime_class_with_our_name_is_left_alone_and_reported(clu
     assert not writes(emu, "/runtimeclasses/kata-qemu-rs-m")
     # Resyncs (every 0.5 s here) of a policy still in Conflict: no write, not even the event again.
     emu.reset_request_log()
+    resyncs = handler_runs(caplog, "Timer 'resync'")
     stays(lambda: not emu.write_requests(), 1.6, "a resync in Conflict wrote something")
-    assert len(emu.requests("GET", r"^/apis/node\.k8s\.io/v1/runtimeclasses$", include_watches=False)) >= 2
+    assert handler_runs(caplog, "Timer 'resync'") >= resyncs + 2
     assert len(event_messages(emu, cond.EVENT_CONFLICT)) == 1, "the same conflict was announced again"
 
     # Their own edits of their object are theirs: not "corrected".
@@ -511,7 +515,8 @@ def test_deleting_the_policy_removes_what_it_created_and_nothing_else(cluster_wi
 # --- 11. restarts ----------------------------------------------------------------------------
 
 
-def test_a_restarted_operator_resumes_without_writing_and_still_corrects_drift(cluster):
+def test_a_restarted_operator_resumes_without_writing_and_still_corrects_drift(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="kopf")
     emu = cluster.emu
     cluster.start()
     applied(cluster, example())
@@ -521,9 +526,8 @@ def test_a_restarted_operator_resumes_without_writing_and_still_corrects_drift(c
     emu.reset_request_log()
 
     cluster.start()
-    # The resume pass lists the children; wait for it, then for quiet.
-    wait_for(lambda: emu.requests("GET", RC_PATH, include_watches=False)
-             and emu.requests("GET", CM_PATH, include_watches=False), DRIFT_TIMEOUT_S)
+    # The resume pass reads the children from the caches; wait for it, then for quiet.
+    wait_for(lambda: handler_runs(caplog, "Handler 'resume'"), DRIFT_TIMEOUT_S)
     settle(emu, quiet_s=0.6)
     # Nothing at all: no child, no status, no event, and no kopf bookkeeping on the policy.
     assert emu.write_requests() == [], describe_writes(emu.write_requests())
@@ -561,16 +565,20 @@ def test_a_change_made_while_the_operator_was_down_is_applied_on_start(cluster):
 # --- 12. periodic resync ---------------------------------------------------------------------
 
 
-def test_the_periodic_resync_of_an_unchanged_policy_writes_nothing(cluster):
+def test_the_periodic_resync_of_an_unchanged_policy_writes_nothing(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="kopf")
     emu = cluster.emu
     cluster.start(resync_s=0.3)
     applied(cluster, example())
     settle(emu, quiet_s=0.7)
     emu.reset_request_log()
 
-    lists = lambda: emu.requests("GET", r"^/apis/node\.k8s\.io/v1/runtimeclasses$", include_watches=False)
-    wait_for(lambda: len(lists()) >= 4, DRIFT_TIMEOUT_S, "the resync timer did not tick four times")
+    resyncs = handler_runs(caplog, "Timer 'resync'")
+    wait_for(lambda: handler_runs(caplog, "Timer 'resync'") >= resyncs + 4, DRIFT_TIMEOUT_S,
+             "the resync timer did not tick four times")
     assert emu.write_requests() == [], describe_writes(emu.write_requests())
+    # Read from the watch-fed caches: a resync costs no request at all.
+    assert emu.requests(include_watches=False) == [], describe_writes(emu.requests(include_watches=False))
 
 
 # --- 13. managedBy: KataDeploy ---------------------------------------------------------------

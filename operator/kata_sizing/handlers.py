@@ -20,23 +20,29 @@ from . import metrics
 from . import reconcile as rc
 from .cluster import facts_for_nodes, summarize_node, summarize_pod
 from .audit import audit_runtime_classes
-from .informer import Informer
+from .informer import ChildCache, Informer, backoff_s
 from .kube import ApiError, KubeApi, TransientApiError
 from .model import GROUP, PLURAL, VERSION
-from .render import MANAGED_BY, MANAGED_BY_LABEL
+from .workqueue import Retry, WorkQueue
 
 log = logging.getLogger("kata_sizing")
 
-# A resync re-reads every managed object and writes nothing when all is in sync; it catches
-# what a watch may have missed (and retries conflicts that cleared up). Seconds.
+# A resync re-reads every managed object (from the watch-fed cache) and writes nothing when
+# all is in sync; it catches what a watch may have missed. Seconds.
 RESYNC_INTERVAL_S = float(os.environ.get("KATA_SIZING_RESYNC_SECONDS", "300"))
 # Node guidance is recomputed from the watch-fed indexes at most this often per policy, so
 # a storm of pod events turns into one recompute. Seconds.
 GUIDANCE_INTERVAL_S = float(os.environ.get("KATA_SIZING_GUIDANCE_SECONDS", "10"))
-TRANSIENT_BACKOFF_S = (0.2, 0.5, 1, 2, 5, 10, 30)
-DRIFT_RETRIES = 4
+# Retries of a failed reconcile: capped exponential back-off with jitter, never given up.
+RETRY_BASE_S = 0.2
+RETRY_CAP_S = 30.0
 ANNOTATION_PREFIX = "katasizing.dev"
 FINALIZER = "katasizing.dev/cleanup"
+INFORMER_SYNC_TIMEOUT_S = 20
+# Drift corrections run concurrently for different objects (one policy's are serialized by its lock).
+DRIFT_WORKERS = 4
+# How long cleanup waits for a pass in progress before closing the client under it.
+SHUTDOWN_GRACE_S = 5
 
 
 def _event_sink(ref: dict, type_: str, reason: str, message: str) -> None:
@@ -55,8 +61,6 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = FINALIZER
-    # ConfigMaps are many in a real cluster: let the API server filter them for the watch.
-    settings.watching.label_selectors["", "v1", "configmaps"] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     settings.posting.level = logging.INFO
     # A policy deleted while one of its timers runs is released (finalizer removed) only when
     # kopf checks the stopped timer again: every 60 s by default, so `kubectl delete ksp` could
@@ -65,39 +69,75 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     memo.api = await KubeApi.connect()
     memo.cache = rc.DesiredCache()
     memo.locks = {}
-    memo.node_facts = {}
+    # Per policy: the inputs (informer versions), node facts and audit rows of its last
+    # successful pass; the guidance timer compares against them.
+    memo.last_pass = {}
+    memo.derived = {}  # memoized node facts and audit, shared by every policy
+    memo.tombstones = {}  # the last state of a deleted child, until its deletion is handled
+    memo.children = ChildCache(memo.api, on_change=lambda key, before, after: _child_changed(memo, key, before, after))
     memo.nodes = Informer(memo.api, "nodes", summarize_node)
     memo.pods = Informer(memo.api, "pods", summarize_pod)
-    # Every RuntimeClass, not only ours: the audit looks for Kata ones nobody manages.
-    memo.runtime_classes = Informer(memo.api, "runtimeclasses", lambda obj: obj)
-    memo.informer_tasks = [
+    memo.work = WorkQueue(
+        lambda item: _process(memo, item), workers=DRIFT_WORKERS, retry_base_s=RETRY_BASE_S,
+        retry_cap_s=RETRY_CAP_S, name="drift",
+    )
+    memo.background = [
         asyncio.create_task(memo.nodes.run(), name="nodes-informer"),
         asyncio.create_task(memo.pods.run(), name="pods-informer"),
-        asyncio.create_task(memo.runtime_classes.run(), name="runtimeclasses-informer"),
+        *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in memo.children.informers()),
     ]
 
 
 async def on_cleanup(memo: kopf.Memo, **_) -> None:
-    for task in getattr(memo, "informer_tasks", []):
+    tasks = getattr(memo, "background", [])
+    for task in tasks:
         task.cancel()
-    await asyncio.gather(*getattr(memo, "informer_tasks", []), return_exceptions=True)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # A pass kopf started may still hold its policy's lock: let it finish before the client
+    # it uses is closed (closing it under a request gives "connector is None" errors).
+    locks = list(getattr(memo, "locks", {}).values())
+    try:
+        await asyncio.wait_for(_all_released(locks), SHUTDOWN_GRACE_S)
+    except asyncio.TimeoutError:
+        log.warning("closing the API client with a pass still in progress")
     api = getattr(memo, "api", None)
     if api is not None:
         await api.close()
 
 
-def _backoff_s(retry: int) -> float:
-    return TRANSIENT_BACKOFF_S[min(retry, len(TRANSIENT_BACKOFF_S) - 1)]
+async def _all_released(locks: list[asyncio.Lock]) -> None:
+    for lock in locks:
+        async with lock:
+            pass
+
+
+def _retry_delay_s(retry: int) -> float:
+    return backoff_s(retry, RETRY_BASE_S, RETRY_CAP_S)
 
 
 def _lock(memo: kopf.Memo, name: str) -> asyncio.Lock:
     return memo.locks.setdefault(name, asyncio.Lock())
 
 
-INFORMER_SYNC_TIMEOUT_S = 20
+# --- inputs shared by every policy, computed once per change --------------------------------
 
 
-async def _node_facts(body: kopf.Body, memo: kopf.Memo) -> list | None:
+def _inputs(memo: kopf.Memo) -> tuple[int, int, int, int]:
+    """Versions of everything a pass reads besides the policy: nodes, pods, every RuntimeClass
+    (for the audit) and the set of policies (which classes are Kata ones)."""
+    return memo.nodes.version, memo.pods.version, memo.children.runtime_classes.version, memo.cache.version
+
+
+def _memoized(memo: kopf.Memo, key: tuple, compute):
+    found = memo.derived.get(key)
+    if found is None:
+        if len(memo.derived) > 64:
+            memo.derived.clear()
+        found = memo.derived[key] = (compute(),)
+    return found[0]
+
+
+async def _node_facts(body: dict, memo: kopf.Memo) -> tuple | None:
     """Facts of the policy's nodes from the informers; None until they have synced once."""
     try:
         await asyncio.wait_for(
@@ -108,43 +148,64 @@ async def _node_facts(body: kopf.Body, memo: kopf.Memo) -> list | None:
     selector = ((body.get("spec") or {}).get("nodes") or {}).get("selector")
     if selector is None:
         selector = dict(defaults.KATA_NODE_LABEL)
-    kata_classes = memo.cache.runtime_class_names()
+    pods_by_node = _memoized(memo, ("pods-by-node", memo.pods.version), lambda: _pods_by_node(memo))
+    kata_classes = _memoized(memo, ("kata-classes", memo.cache.version), memo.cache.runtime_class_names)
+    return _memoized(
+        memo, ("facts", memo.nodes.version, memo.pods.version, memo.cache.version, tuple(sorted(selector.items()))),
+        lambda: tuple(facts_for_nodes(memo.nodes.items.values(), pods_by_node, selector, kata_classes)),
+    )
+
+
+def _pods_by_node(memo: kopf.Memo) -> dict[str, list]:
     pods_by_node: dict[str, list] = {}
     for node_name, request in memo.pods.items.values():
         pods_by_node.setdefault(node_name, []).append(request)
-    return facts_for_nodes(memo.nodes.items.values(), pods_by_node, selector, kata_classes)
-
-
-def _versions(memo: kopf.Memo) -> tuple[int, int, int]:
-    return memo.nodes.version, memo.pods.version, memo.runtime_classes.version
+    return pods_by_node
 
 
 def _audit(memo: kopf.Memo) -> list | None:
-    if not memo.runtime_classes.synced.is_set():
+    if not memo.children.runtime_classes.synced.is_set():
         return None
-    return audit_runtime_classes(list(memo.runtime_classes.items.values()), memo.cache.runtime_class_names())
+    return _memoized(
+        memo, ("audit", memo.children.runtime_classes.version, memo.cache.version),
+        lambda: audit_runtime_classes(list(memo.children.all_runtime_classes()), memo.cache.runtime_class_names()),
+    )
 
 
-async def _reconcile(
-    memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: list | None = None,
-) -> None:
+# --- one pass for one policy ----------------------------------------------------------------
+
+
+async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple | None = None) -> None:
+    """Reconcile one policy; API errors propagate (the callers decide how to retry)."""
     name = body["metadata"]["name"]
+    _start_drift_queue(memo)
+    try:
+        await asyncio.wait_for(memo.children.wait_synced(), INFORMER_SYNC_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise TransientApiError(None, "the RuntimeClass and ConfigMap caches have not synced yet") from None
     async with _lock(memo, name):
+        inputs = _inputs(memo)
         if facts is None:
             facts = await _node_facts(body, memo)
-        memo.node_facts[name] = (_versions(memo), tuple(facts or ()))
-        try:
-            with metrics.reconcile_pass(name, trigger) as current:
-                current.done(await rc.reconcile(
-                    memo.api, _plain(body), trigger, memo.cache, _event_sink, nodes=facts,
-                    audit_findings=_audit(memo),
-                ))
-        except (TransientApiError, rc.Conflict) as exc:
-            delay = _backoff_s(retry)
-            raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
-        except ApiError as exc:
-            # 4xx other than 409 (a refused object, a lost permission): retrying soon won't help.
-            raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
+        findings = _audit(memo)
+        with metrics.reconcile_pass(name, trigger) as current:
+            current.done(await rc.reconcile(
+                memo.api, body, trigger, memo.cache, _event_sink, nodes=list(facts) if facts is not None else None,
+                audit_findings=findings, children=memo.children,
+            ))
+        # Only after success: a failed pass is retried, not taken as done.
+        memo.last_pass[name] = (inputs, facts, findings)
+
+
+async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: tuple | None = None) -> None:
+    try:
+        await _pass(memo, _plain(body), trigger, facts)
+    except (TransientApiError, rc.Conflict) as exc:
+        delay = _retry_delay_s(retry)
+        raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
+    except ApiError as exc:
+        # 4xx other than 409 (a refused object, a lost permission): retrying soon won't help.
+        raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
 
 
 async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
@@ -155,77 +216,110 @@ async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
     await _reconcile(memo, body, "resync", retry)
 
 
-async def resync_policy(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+async def resync_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    """A failure is retried by kopf after the back-off (TemporaryError), not at the next interval."""
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
-    try:
-        await _reconcile(memo, body, "resync", 0)
-    except kopf.TemporaryError as exc:
-        log.warning("resync of %s failed: %s", body["metadata"]["name"], exc)
+    await _reconcile(memo, body, "resync", retry)
 
 
-async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    """Debounced: at most once per interval, and only when the policy's node facts or the
-    cluster's RuntimeClasses (for the audit) changed."""
+async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    """Debounced: at most once per interval, and only when this policy's node facts or the
+    audit of unmanaged RuntimeClasses changed. A change to some other policy's RuntimeClass
+    changes neither, so it does not make every policy reconcile."""
     name = body["metadata"]["name"]
-    if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.node_facts:
+    if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.last_pass:
         return
-    versions, facts = memo.node_facts[name]
-    if versions == _versions(memo):
+    inputs, facts, findings = memo.last_pass[name]
+    if inputs == _inputs(memo):
         return
-    fresh = await _node_facts(body, memo)
-    if fresh is not None and tuple(fresh) == facts and versions[2] == memo.runtime_classes.version:
-        memo.node_facts[name] = (_versions(memo), facts)
+    now_inputs = _inputs(memo)
+    fresh = await _node_facts(_plain(body), memo)
+    fresh_findings = _audit(memo)
+    if fresh == facts and fresh_findings == findings:
+        memo.last_pass[name] = (now_inputs, facts, findings)
         return
-    try:
-        await _reconcile(memo, body, "resync", 0, facts=fresh)
-    except kopf.TemporaryError as exc:
-        log.warning("node guidance of %s not refreshed: %s", name, exc)
+    await _reconcile(memo, body, "resync", retry, facts=fresh)
 
 
 async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
     name = body["metadata"]["name"]
     async with _lock(memo, name):
         try:
-            removed = await rc.delete_children(memo.api, _plain(body), memo.cache)
+            removed = await rc.delete_children(memo.api, _plain(body), memo.cache, memo.children)
         except ApiError as exc:
-            delay = _backoff_s(retry)
-            raise kopf.TemporaryError(f"{exc}; retrying in {delay}s", delay=delay) from None
+            delay = _retry_delay_s(retry)
+            raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
     memo.locks.pop(name, None)
-    memo.node_facts.pop(name, None)
+    memo.last_pass.pop(name, None)
     metrics.forget_policy(name)
     if removed:
         log.info("policy %s deleted; removed %s", name, ", ".join(removed))
 
 
-async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, resource: kopf.Resource, **_) -> None:
-    """A managed RuntimeClass or ConfigMap changed or vanished: drift."""
-    obj = copy.deepcopy(dict(event["object"]))
-    obj["kind"] = resource.kind
-    key = rc.obj_key(obj)
+# --- drift: the child caches feed a work queue ----------------------------------------------
+
+
+def _start_drift_queue(memo: kopf.Memo) -> None:
+    """Started from the first pass, inside a kopf handler: the queue's tasks inherit the context
+    kopf.event() posts through. Before any pass there is no desired state to correct towards."""
+    if not any(t.get_name() == "drift-queue" for t in memo.background):
+        memo.background.append(asyncio.create_task(memo.work.run(), name="drift-queue"))
+
+
+def _child_changed(memo: kopf.Memo, key: rc.ObjKey, before: dict | None, after: dict | None) -> None:
+    if after is None and before is not None:
+        memo.tombstones[key] = before
+    elif after is not None:
+        memo.tombstones.pop(key, None)
+    if memo.cache.for_child(key, after or before) is not None:
+        memo.work.add(("child", key))
+
+
+async def _process(memo: kopf.Memo, item: tuple) -> None:
+    kind, key = item
+    try:
+        if kind == "child":
+            await _correct_child(memo, key)
+        else:
+            body = await memo.api.read_policy(key)
+            if body is not None and not body["metadata"].get("deletionTimestamp"):
+                await _pass(memo, body, "resync")
+    except (TransientApiError, rc.Conflict) as exc:
+        raise Retry(str(exc)) from None
+    except ApiError as exc:
+        log.error("%s %s not handled: %s; the next resync retries", kind, key, exc)
+
+
+async def _correct_child(memo: kopf.Memo, key: rc.ObjKey) -> None:
+    """A managed RuntimeClass or ConfigMap changed or vanished: put it back or report it,
+    judged on its current state in the cache (level-triggered)."""
+    obj, event_type = memo.children.get(key), "MODIFIED"
+    if obj is None:
+        obj, event_type = memo.tombstones.get(key), "DELETED"
+        if obj is None:
+            return
     desired = memo.cache.for_child(key, obj)
     if desired is None:
         return
+    if desired.needs_pass(key):
+        # Somebody else's object that held our name is gone (a pass creates ours now), or the
+        # chart created a RuntimeClass the status reports missing.
+        memo.tombstones.pop(key, None)
+        memo.work.add(("policy", desired.policy_name))
+        return
+
     async def count(policy: str, field_name: str) -> None:
-        metrics.drift(resource.kind, corrected=field_name == "driftCorrections")
+        metrics.drift(key[0], corrected=field_name == "driftCorrections")
         await rc.increment_counter(memo.api, policy, field_name)
 
-    for attempt in range(DRIFT_RETRIES):
-        try:
-            async with _lock(memo, desired.policy_name):
-                message = await rc.handle_child_event(
-                    memo.api, memo.cache, event.get("type"), obj, _event_sink, count
-                )
-            if message:
-                log.info("%s", message)
-            return
-        except (TransientApiError, rc.Conflict) as exc:
-            log.warning("drift handling of %s failed (%s); retrying", rc.describe(key), exc)
-            await asyncio.sleep(TRANSIENT_BACKOFF_S[attempt])
-        except ApiError as exc:
-            log.error("drift of %s not corrected: %s; the next resync retries", rc.describe(key), exc)
-            return
-    log.error("drift of %s not handled; the next resync will", rc.describe(key))
+    async with _lock(memo, desired.policy_name):
+        message = await rc.handle_child_event(
+            memo.api, memo.cache, event_type, copy.deepcopy(obj), _event_sink, count, memo.children)
+    if event_type == "DELETED":
+        memo.tombstones.pop(key, None)
+    if message:
+        log.info("%s", message)
 
 
 async def validate_policy(
@@ -262,14 +356,9 @@ def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
         initial_delay=GUIDANCE_INTERVAL_S,
     )(refresh_guidance)
     kopf.on.delete(*policies, registry=registry, id="cleanup")(delete_policy)
-    # No client-side label filter on the drift watches: an edit that removes our managed-by
-    # label is drift too, and a filter would hide exactly that event. ConfigMaps are still
-    # selected by the API server (settings.watching.label_selectors; the label's removal
-    # arrives as DELETED); the cache decides which objects are ours to look at.
-    kopf.on.event("node.k8s.io", "v1", "runtimeclasses", registry=registry,
-                  id="runtimeclass-drift")(child_changed)
-    kopf.on.event("", "v1", "configmaps", registry=registry,
-                  id="configmap-drift")(child_changed)
+    # Drift is not watched through kopf: the operator's own caches of RuntimeClasses and
+    # managed ConfigMaps feed a work queue (see on_startup), so the same watch serves both
+    # the reconcile's reads and drift, and a failed correction is retried until it succeeds.
     if admission:
         # Only with a webhook server: kopf refuses to start with admission handlers and no
         # server configured.

@@ -1,42 +1,79 @@
-"""A small list+watch cache (an informer) for Nodes and Pods, feeding node guidance.
+"""List+watch caches (informers): Nodes and Pods for node guidance, and the RuntimeClasses
+and ConfigMaps the operator manages, so a reconcile reads its live children from memory.
 
 kopf's per-object machinery (one worker per object) is made for handlers; for 20,000 pods
-whose only use is a sum per node it is far too slow at start-up. This keeps one summary per
-object from a list, then follows a watch from that list's resourceVersion, re-listing on
-410 Gone; a dropped connection backs off and resumes the watch.
+whose only use is a sum per node it is far too slow at start-up. An informer keeps one
+summary per object (only the fields the operator uses) from a paginated list, then follows
+a watch from that list's resourceVersion, re-listing on 410 Gone; a dropped connection backs
+off (capped, with jitter) and resumes the watch. Memory is bounded by the summaries, not by
+the cluster's objects: the list is read a page at a time and each page is dropped once
+summarized.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Generic, TypeVar
+import random
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
 from .kube import ApiError
+from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 
 log = logging.getLogger("kata_sizing.informer")
 
 T = TypeVar("T")
 WATCH_TIMEOUT_S = 300
-BACKOFF_S = (0.1, 0.5, 1, 2, 5, 10)
+BACKOFF_BASE_S = 0.1
+BACKOFF_CAP_S = 10.0
+# Objects per list page: 500 is what client-go's reflector asks for (its pager's default).
+PAGE_SIZE = 500
+
+ObjKey = tuple[str, str | None, str]  # (kind, namespace, name), as reconcile.ObjKey
+ChangeCallback = Callable[[Hashable, "T | None", "T | None"], None]
+
+
+def backoff_s(failures: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Capped exponential back-off with jitter in [d/2, d]: retries of many callers spread out
+    instead of arriving together at a server that is just recovering."""
+    delay = min(cap_s, base_s * (2 ** min(failures, 30)))
+    return random.uniform(delay / 2, delay)
+
+
+def uid_key(obj: dict) -> Hashable:
+    meta = obj.get("metadata") or {}
+    return meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 class Informer(Generic[T]):
-    def __init__(self, api, collection: str, summarize: Callable[[dict], T | None]):
+    """`items` maps key(obj) to summarize(obj) for every object the collection holds (a
+    summary of None leaves the object out). `on_change(key, before, after)` is called for
+    every change after the first sync, and for every difference a re-list finds."""
+
+    def __init__(
+        self, api, collection: str, summarize: Callable[[dict], T | None], *,
+        key: Callable[[dict], Hashable] = uid_key, label_selector: str | None = None,
+        on_change: ChangeCallback | None = None, page_size: int = PAGE_SIZE,
+    ):
         self.api = api
         self.collection = collection
         self.summarize = summarize
-        self.items: dict[str, T] = {}
+        self.key = key
+        self.label_selector = label_selector
+        self.on_change = on_change
+        self.page_size = page_size
+        self.items: dict[Hashable, T] = {}
         self.synced = asyncio.Event()
         self.version = 0  # bumps on every change, so consumers can tell whether to recompute
         self.resource_version = ""
 
-    def _key(self, obj: dict) -> str:
-        meta = obj.get("metadata") or {}
-        return meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+    def _changed(self, key: Hashable, before: T | None, after: T | None) -> None:
+        self.version += 1
+        if self.on_change is not None and self.synced.is_set():
+            self.on_change(key, before, after)
 
     def _apply(self, event_type: str, obj: dict) -> None:
-        key = self._key(obj)
+        key = self.key(obj)
         summary = None if event_type == "DELETED" else self.summarize(obj)
         before = self.items.get(key)
         if summary is None:
@@ -44,17 +81,46 @@ class Informer(Generic[T]):
         else:
             self.items[key] = summary
         if before != summary:
-            self.version += 1
+            self._changed(key, before, summary)
+
+    def record(self, obj: dict) -> None:
+        """Write-through: the operator's own write, so a reconcile right after it does not
+        see the older object (the watch event for it comes a moment later, with the same
+        content). Not reported to on_change: it is not somebody else's edit."""
+        key = self.key(obj)
+        summary = self.summarize(obj)
+        if summary is None:
+            self.items.pop(key, None)
+        else:
+            self.items[key] = summary
+        self.version += 1
+
+    def forget(self, obj: dict) -> None:
+        self.items.pop(self.key(obj), None)
+        self.version += 1
 
     async def _relist(self) -> None:
-        items, self.resource_version = await self.api.list_raw(self.collection)
-        fresh = {}
-        for obj in items:
-            summary = self.summarize(obj)
-            if summary is not None:
-                fresh[self._key(obj)] = summary
-        if fresh != self.items:
-            self.items = fresh
+        fresh: dict[Hashable, T] = {}
+        continue_token = None
+        while True:
+            page, list_version, continue_token = await self.api.list_page(
+                self.collection, limit=self.page_size, continue_token=continue_token,
+                label_selector=self.label_selector,
+            )
+            for obj in page:
+                summary = self.summarize(obj)
+                if summary is not None:
+                    fresh[self.key(obj)] = summary
+            del page
+            if not continue_token:
+                break
+        self.resource_version = list_version
+        before, self.items = self.items, fresh
+        if self.synced.is_set():
+            for key in before.keys() | fresh.keys():
+                if before.get(key) != fresh.get(key):
+                    self._changed(key, before.get(key), fresh.get(key))
+        else:
             self.version += 1
         self.synced.set()
 
@@ -66,7 +132,9 @@ class Informer(Generic[T]):
                 if need_list:
                     await self._relist()
                     need_list = False
-                async for event in self.api.watch_raw(self.collection, self.resource_version, WATCH_TIMEOUT_S):
+                async for event in self.api.watch_raw(
+                    self.collection, self.resource_version, WATCH_TIMEOUT_S, label_selector=self.label_selector,
+                ):
                     event_type, obj = event.get("type"), event.get("object") or {}
                     if event_type == "ERROR":
                         # 410 Gone: our resourceVersion is older than the server keeps.
@@ -86,7 +154,117 @@ class Informer(Generic[T]):
                 elif not isinstance(exc, ApiError):
                     need_list = True
                     log.exception("%s informer failed unexpectedly", self.collection)
-                delay = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+                delay = backoff_s(failures)
                 failures += 1
-                log.warning("%s informer: %s; retrying in %ss", self.collection, exc, delay)
+                log.warning("%s informer: %s; retrying in %.2fs", self.collection, exc, delay)
                 await asyncio.sleep(delay)
+
+
+# --- the managed children: slim copies, indexed by policy ----------------------------------
+
+# Fields the operator never reads nor writes back. A replace (PUT) without managedFields
+# keeps the server's; everything else of an object is kept so a PUT built from the cached
+# copy loses nothing somebody else wrote.
+_DROPPED_METADATA = ("managedFields",)
+
+
+def slim_child(kind: str) -> Callable[[dict], dict]:
+    def summarize(obj: dict) -> dict:
+        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _DROPPED_METADATA}
+        return {**{k: v for k, v in obj.items() if k != "metadata"}, "kind": kind, "metadata": meta}
+
+    return summarize
+
+
+def name_key(obj: dict) -> Hashable:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace"), meta.get("name"))
+
+
+class ChildCache:
+    """The RuntimeClasses (every one: the audit looks at all Kata classes) and the managed
+    ConfigMaps (selected by the managed-by label on the server), as reconcile reads them:
+    `get(key)` and `of_policy(name)`, both from memory."""
+
+    def __init__(self, api, on_change: Callable[[ObjKey, dict | None, dict | None], None] | None = None):
+        self._on_change = on_change
+        self.runtime_classes = Informer(
+            api, "runtimeclasses", slim_child("RuntimeClass"), key=name_key, on_change=self._changed("RuntimeClass"))
+        self.config_maps = Informer(
+            api, "configmaps", slim_child("ConfigMap"), key=name_key,
+            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}", on_change=self._changed("ConfigMap"))
+        self.by_policy: dict[str, set[ObjKey]] = {}
+
+    def informers(self) -> list[Informer]:
+        return [self.runtime_classes, self.config_maps]
+
+    def _changed(self, kind: str) -> ChangeCallback:
+        def changed(key: Hashable, before: dict | None, after: dict | None) -> None:
+            namespace, name = key
+            obj_key = (kind, namespace, name)
+            self._index(obj_key, before, after)
+            if self._on_change is not None:
+                self._on_change(obj_key, before, after)
+
+        return changed
+
+    def _index(self, key: ObjKey, before: dict | None, after: dict | None) -> None:
+        old, new = _policy_of(before), _policy_of(after)
+        if old and old != new:
+            self.by_policy.get(old, set()).discard(key)
+        if new:
+            self.by_policy.setdefault(new, set()).add(key)
+
+    def _informer(self, kind: str) -> Informer:
+        return self.runtime_classes if kind == "RuntimeClass" else self.config_maps
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(i.synced.wait() for i in self.informers()))
+        if not self.by_policy:
+            self.reindex()
+
+    def reindex(self) -> None:
+        self.by_policy = {}
+        for kind in ("RuntimeClass", "ConfigMap"):
+            for (namespace, name), obj in self._informer(kind).items.items():
+                self._index((kind, namespace, name), None, obj)
+
+    def get(self, key: ObjKey) -> dict | None:
+        kind, namespace, name = key
+        return self._informer(kind).items.get((namespace, name))
+
+    def complete(self, key: ObjKey) -> bool:
+        """Whether a miss in the cache means the object does not exist: true for
+        RuntimeClasses (all are cached); a ConfigMap without our label is not cached."""
+        return key[0] == "RuntimeClass"
+
+    def of_policy(self, policy_name: str) -> dict[ObjKey, dict]:
+        found = {}
+        for key in list(self.by_policy.get(policy_name, ())):
+            obj = self.get(key)
+            if obj is not None and _policy_of(obj) == policy_name:
+                found[key] = obj
+        return found
+
+    def all_runtime_classes(self) -> Iterable[dict]:
+        return self.runtime_classes.items.values()
+
+    def record(self, obj: dict) -> None:
+        meta = obj.get("metadata") or {}
+        key = (obj.get("kind") or "", meta.get("namespace"), meta.get("name") or "")
+        informer = self._informer(key[0])
+        before = informer.items.get((key[1], key[2]))
+        informer.record(obj)
+        self._index(key, before, informer.items.get((key[1], key[2])))
+
+    def forget(self, key: ObjKey) -> None:
+        informer = self._informer(key[0])
+        before = informer.items.pop((key[1], key[2]), None)
+        informer.version += 1
+        self._index(key, before, None)
+
+
+def _policy_of(obj: dict | None) -> str | None:
+    if not obj:
+        return None
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(POLICY_LABEL)

@@ -225,11 +225,13 @@ class KubeApi:
         "nodes": ("_core", "list_node_without_preload_content"),
         "pods": ("_core", "list_pod_for_all_namespaces_without_preload_content"),
         "runtimeclasses": ("_node", "list_runtime_class_without_preload_content"),
+        "configmaps": ("_core", "list_config_map_for_all_namespaces_without_preload_content"),
     }
 
     async def _raw(self, collection: str, **params):
         group_api, method = self._COLLECTIONS[collection]
         call = getattr(getattr(self, group_api), method)
+        params = {k: v for k, v in params.items() if v is not None}
         try:
             response = await call(**params)
         except (ApiException, *_NETWORK_ERRORS) as exc:
@@ -241,22 +243,31 @@ class KubeApi:
             raise _translate(fake, f"list {collection}")
         return response
 
-    async def list_raw(self, collection: str) -> tuple[list[dict], str]:
-        """Every object of a collection as plain dicts, and the list's resourceVersion."""
-        response = await self._raw(collection, _request_timeout=REQUEST_TIMEOUT_S * 4)
+    async def list_page(
+        self, collection: str, limit: int, continue_token: str | None = None, label_selector: str | None = None,
+    ) -> tuple[list[dict], str, str | None]:
+        """One page of a collection: (objects as plain dicts, the list's resourceVersion, the
+        continue token or None on the last page). Pages keep the peak memory of a 100,000-pod
+        list at one page's worth of JSON, not the whole collection's."""
+        response = await self._raw(
+            collection, limit=limit, _continue=continue_token, label_selector=label_selector,
+            _request_timeout=REQUEST_TIMEOUT_S * 2,
+        )
         try:
             body = await response.json()
         except (aiohttp.ClientError, ValueError, asyncio.TimeoutError) as exc:
             raise TransientApiError(None, f"list {collection}: {exc}") from None
         finally:
             response.release()
-        return body.get("items") or [], (body.get("metadata") or {}).get("resourceVersion") or ""
+        meta = body.get("metadata") or {}
+        return body.get("items") or [], meta.get("resourceVersion") or "", meta.get("continue") or None
 
-    async def watch_raw(self, collection: str, resource_version: str, timeout_s: int):
+    async def watch_raw(self, collection: str, resource_version: str, timeout_s: int, label_selector: str | None = None):
         """Watch events ({type, object}) from a resourceVersion until the server ends the stream."""
         response = await self._raw(
             collection, watch=True, resource_version=resource_version, timeout_seconds=timeout_s,
-            allow_watch_bookmarks=True, _request_timeout=timeout_s + REQUEST_TIMEOUT_S,
+            allow_watch_bookmarks=True, label_selector=label_selector,
+            _request_timeout=timeout_s + REQUEST_TIMEOUT_S,
         )
         try:
             async for line in response.content:

@@ -64,20 +64,52 @@ def _pod_fixed_equal(desired: dict | None, live: dict | None) -> bool:
     return all(_same_quantity(desired[k], live[k]) for k in desired)
 
 
+def _toleration(t: dict) -> dict:
+    return {k: v for k, v in t.items() if v is not None}
+
+
 def _scheduling_view(scheduling: dict | None) -> tuple:
     scheduling = scheduling or {}
-    tolerations = [
-        {k: v for k, v in t.items() if v is not None} for t in scheduling.get("tolerations") or []
-    ]
+    tolerations = [_toleration(t) for t in scheduling.get("tolerations") or []]
     return (scheduling.get("nodeSelector") or {}, tolerations)
 
 
-def differences(desired: dict, live: dict) -> list[str]:
-    """The managed fields where `live` differs from `desired`; fields others own are ignored."""
+def _decided_labels(desired: dict, guarded: bool) -> dict:
+    """The labels the operator puts on an object. On the chart's RuntimeClasses Helm stamps
+    `app.kubernetes.io/managed-by: Helm` over ours: that key is Helm's there, not drift."""
+    labels = desired["metadata"].get("labels") or {}
+    return {k: v for k, v in labels.items() if not (guarded and k == MANAGED_BY_LABEL)}
+
+
+def _guarded_scheduling_differences(desired: dict, live: dict) -> list[str]:
+    """KataDeploy mode: only the selector keys and tolerations the policy sets. The chart adds
+    its ownership gate (`katacontainers.io/kata-runtime`, `kata-deploy.katacontainers.io/<instance>`)
+    and may add more; those keys are the chart's."""
+    (want_selector, want_tolerations) = _scheduling_view(desired.get("scheduling"))
+    (have_selector, have_tolerations) = _scheduling_view(live.get("scheduling"))
+    found = [f"scheduling.nodeSelector[{k}]" for k, v in want_selector.items() if have_selector.get(k) != v]
+    if any(t not in have_tolerations for t in want_tolerations):
+        found.append("scheduling.tolerations")
+    return found
+
+
+def _guarded_pod_fixed_differences(desired: dict, live: dict) -> list[str]:
+    """KataDeploy mode: the podFixed resources the policy sizes (cpu, memory); others the chart
+    may request there (a TEE key slot such as `sev-snp.amd.com/esids`) are the chart's."""
+    want = ((desired.get("overhead") or {}).get("podFixed")) or {}
+    have = ((live.get("overhead") or {}).get("podFixed")) or {}
+    if all(k in have and _same_quantity(v, have[k]) for k, v in want.items()):
+        return []
+    return ["overhead.podFixed"]
+
+
+def differences(desired: dict, live: dict, guarded: bool = False) -> list[str]:
+    """The fields the operator decides where `live` differs from `desired`; fields others own
+    (their labels, annotations, and on a `guarded` object every key the chart adds) are ignored."""
     found = []
     d_meta, l_meta = desired["metadata"], live.get("metadata") or {}
     live_labels = l_meta.get("labels") or {}
-    for label, value in (d_meta.get("labels") or {}).items():
+    for label, value in _decided_labels(desired, guarded).items():
         if live_labels.get(label) != value:
             found.append(f"metadata.labels[{label}]")
     live_owner_uids = {o.get("uid") for o in l_meta.get("ownerReferences") or []}
@@ -87,10 +119,14 @@ def differences(desired: dict, live: dict) -> list[str]:
     if desired["kind"] == "RuntimeClass":
         if desired.get("handler") != live.get("handler"):
             found.append("handler")
-        if not _pod_fixed_equal(desired.get("overhead"), live.get("overhead")):
-            found.append("overhead.podFixed")
-        if _scheduling_view(desired.get("scheduling")) != _scheduling_view(live.get("scheduling")):
-            found.append("scheduling")
+        if guarded:
+            found += _guarded_pod_fixed_differences(desired, live)
+            found += _guarded_scheduling_differences(desired, live)
+        else:
+            if not _pod_fixed_equal(desired.get("overhead"), live.get("overhead")):
+                found.append("overhead.podFixed")
+            if _scheduling_view(desired.get("scheduling")) != _scheduling_view(live.get("scheduling")):
+                found.append("scheduling")
     else:
         if (desired.get("data") or {}) != (live.get("data") or {}):
             changed = sorted(
@@ -101,11 +137,12 @@ def differences(desired: dict, live: dict) -> list[str]:
     return found
 
 
-def corrected(desired: dict, live: dict) -> dict:
-    """`live` with our fields put back; labels, annotations and owners of others are kept."""
+def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
+    """`live` with our fields put back; labels, annotations and owners of others are kept, and on
+    a `guarded` object every key the chart added as well."""
     body = copy.deepcopy(live)
     meta = body.setdefault("metadata", {})
-    meta["labels"] = {**(meta.get("labels") or {}), **(desired["metadata"].get("labels") or {})}
+    meta["labels"] = {**(meta.get("labels") or {}), **_decided_labels(desired, guarded)}
     owners = [o for o in meta.get("ownerReferences") or []]
     owner_uids = {o.get("uid") for o in owners}
     for owner in desired["metadata"].get("ownerReferences") or []:
@@ -113,7 +150,23 @@ def corrected(desired: dict, live: dict) -> dict:
             owners.append(owner)
     if owners:
         meta["ownerReferences"] = owners
-    if desired["kind"] == "RuntimeClass":
+    if desired["kind"] == "RuntimeClass" and guarded:
+        overhead = body.setdefault("overhead", {}) or {}
+        body["overhead"] = overhead
+        overhead["podFixed"] = {**(overhead.get("podFixed") or {}),
+                                **copy.deepcopy((desired.get("overhead") or {}).get("podFixed") or {})}
+        want_scheduling = desired.get("scheduling") or {}
+        scheduling = body.get("scheduling") or {}
+        body["scheduling"] = scheduling
+        selector = {**(scheduling.get("nodeSelector") or {}), **(want_scheduling.get("nodeSelector") or {})}
+        if selector:
+            scheduling["nodeSelector"] = selector
+        tolerations = list(scheduling.get("tolerations") or [])
+        have = [_toleration(t) for t in tolerations]
+        tolerations += [copy.deepcopy(t) for t in want_scheduling.get("tolerations") or [] if _toleration(t) not in have]
+        if tolerations:
+            scheduling["tolerations"] = tolerations
+    elif desired["kind"] == "RuntimeClass":
         body["overhead"] = copy.deepcopy(desired.get("overhead"))
         body["scheduling"] = copy.deepcopy(desired.get("scheduling"))
     else:
@@ -122,9 +175,11 @@ def corrected(desired: dict, live: dict) -> dict:
 
 
 def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
+    """Labelled for this policy, or owned by it. The managed-by label is not looked at: Helm
+    replaces it with its own on the RuntimeClasses the kata-deploy chart creates from our values."""
     meta = live.get("metadata") or {}
     labels = meta.get("labels") or {}
-    if labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(POLICY_LABEL) == policy_name:
+    if labels.get(POLICY_LABEL) == policy_name:
         return True
     return bool(policy_uid) and any(o.get("uid") == policy_uid for o in meta.get("ownerReferences") or [])
 
@@ -143,6 +198,15 @@ class Desired:
     owned: dict[ObjKey, dict]
     # KataDeploy mode: RuntimeClasses the chart creates; the operator guards their fields.
     guarded: dict[ObjKey, dict]
+    # Names somebody else's object holds (found by the last pass): never written by drift handling.
+    conflicts: set[ObjKey] = field(default_factory=set)
+    # KataDeploy mode: chart RuntimeClasses the last pass did not find (status says so).
+    missing: set[ObjKey] = field(default_factory=set)
+
+    def needs_pass(self, key: ObjKey) -> bool:
+        """A change of `key` changes what the last pass reported (a conflict or a missing
+        chart object), so the policy's status needs a new pass, not only a drift check."""
+        return key in self.conflicts or key in self.missing
 
     def lookup(self, key: ObjKey) -> tuple[dict, bool] | None:
         if key in self.owned:
@@ -159,23 +223,36 @@ class DesiredCache:
     # Drift already reported in Report mode: (key, resourceVersion), so it is said once.
     reported: set[tuple[ObjKey, str]] = field(default_factory=set)
 
+    # Bumps when the set of RuntimeClass names some policy renders changes (not on every pass).
+    version: int = 0
+
     def put(self, desired: Desired) -> None:
-        self.drop(desired.policy_name)
+        old = self.by_policy.get(desired.policy_name)
+        new_keys = {*desired.owned, *desired.guarded}
+        if old is not None:
+            self._release(desired.policy_name, {*old.owned, *old.guarded} - new_keys)
         self.by_policy[desired.policy_name] = desired
-        for key in [*desired.owned, *desired.guarded]:
+        for key in new_keys:
             self.by_child[key] = desired.policy_name
+        if old is None or _rc_names(old) != _rc_names(desired):
+            self.version += 1
 
     def drop(self, policy_name: str) -> Desired | None:
         old = self.by_policy.pop(policy_name, None)
         if old:
-            for key in [*old.owned, *old.guarded]:
-                if self.by_child.get(key) == policy_name:
-                    other = next((d.policy_name for d in self.by_policy.values() if d.lookup(key)), None)
-                    if other:
-                        self.by_child[key] = other
-                    else:
-                        del self.by_child[key]
+            self._release(policy_name, {*old.owned, *old.guarded})
+            self.version += 1
         return old
+
+    def _release(self, policy_name: str, keys: set[ObjKey]) -> None:
+        for key in keys:
+            if self.by_child.get(key) == policy_name:
+                other = next((d.policy_name for d in self.by_policy.values()
+                              if d.policy_name != policy_name and d.lookup(key)), None)
+                if other:
+                    self.by_child[key] = other
+                else:
+                    del self.by_child[key]
 
     def runtime_class_names(self) -> set[str]:
         """Every RuntimeClass some policy renders: the Kata classes the operator knows of."""
@@ -193,6 +270,10 @@ class DesiredCache:
             if desired.lookup(key) is not None and is_ours(live, desired.policy_name, desired.policy_uid):
                 return desired
         return indexed
+
+
+def _rc_names(desired: Desired) -> set[str]:
+    return {key[2] for key in [*desired.owned, *desired.guarded] if key[0] == "RuntimeClass"}
 
 
 def _without_owner_references(obj: dict) -> dict:
@@ -225,6 +306,21 @@ def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> D
 # --- one pass -----------------------------------------------------------------------------
 
 
+class LiveChildren(Protocol):
+    """Where a pass reads the live children: the operator's watch-fed cache (informer.ChildCache),
+    so a reconcile costs no list request whatever the number of policies."""
+
+    def get(self, key: ObjKey) -> dict | None: ...
+    def complete(self, key: ObjKey) -> bool: ...
+    def of_policy(self, policy_name: str) -> dict[ObjKey, dict]: ...
+    def record(self, obj: dict) -> None: ...
+    def forget(self, key: ObjKey) -> None: ...
+
+
+class NotOurs(Exception):
+    """The object with this name belongs to somebody else (found on a re-read)."""
+
+
 @dataclass
 class PassResult:
     writes: list[str] = field(default_factory=list)
@@ -237,10 +333,18 @@ class PassResult:
     unmanaged: list[dict] | None = None
 
 
+def _remember(children: LiveChildren | None, kind: str, written: dict | None) -> None:
+    if children is not None and written:
+        children.record({**written, "kind": kind})
+
+
 async def _write_with_retry(
-    api, key: ObjKey, desired: dict, live: dict | None, create: bool = True
+    api, key: ObjKey, desired: dict, live: dict | None, create: bool = True, guarded: bool = False,
+    children: LiveChildren | None = None, owner: tuple[str, str | None] | None = None,
 ) -> str | None:
-    """Create or replace one object; a 409 re-reads and retries. Returns what was done."""
+    """Create or replace one object; a 409 re-reads and retries. Returns what was done. With
+    `owner` (policy name, uid), an object found on a re-read that is not that policy's raises
+    NotOurs instead of being overwritten."""
     kind, namespace, name = key
     for _ in range(CONFLICT_RETRIES):
         try:
@@ -248,19 +352,24 @@ async def _write_with_retry(
                 if not create:
                     return None
                 if kind == "RuntimeClass":
-                    await api.create_runtime_class(desired)
+                    written = await api.create_runtime_class(desired)
                 else:
-                    await api.create_config_map(desired)
+                    written = await api.create_config_map(desired)
+                _remember(children, kind, written)
                 return f"created {describe(key)}"
-            body = corrected(desired, live)
+            body = corrected(desired, live, guarded)
             if kind == "RuntimeClass":
-                await api.replace_runtime_class(body)
+                written = await api.replace_runtime_class(body)
             else:
-                await api.replace_config_map(body)
+                written = await api.replace_config_map(body)
+            _remember(children, kind, written)
             return f"updated {describe(key)}"
         except Conflict:
             live = await _read(api, key)
-            if live is not None and not differences(desired, live):
+            if live is not None and owner is not None and not is_ours(live, *owner):
+                raise NotOurs(describe(key)) from None
+            _remember(children, kind, live)
+            if live is not None and not differences(desired, live, guarded):
                 return None  # somebody (our own earlier pass, often) already wrote what we want
         except NotFound:
             live = None
@@ -270,20 +379,31 @@ async def _write_with_retry(
 async def _read(api, key: ObjKey) -> dict | None:
     kind, namespace, name = key
     if kind == "RuntimeClass":
-        return await api.read_runtime_class(name)
-    return await api.read_config_map(namespace, name)
+        found = await api.read_runtime_class(name)
+    else:
+        found = await api.read_config_map(namespace, name)
+    return {**found, "kind": kind} if found is not None else None
 
 
-async def _delete(api, key: ObjKey, uid: str | None) -> None:
+async def _delete(api, key: ObjKey, uid: str | None, children: LiveChildren | None = None) -> None:
     kind, namespace, name = key
     if kind == "RuntimeClass":
         await api.delete_runtime_class(name, uid)
     else:
         await api.delete_config_map(namespace, name, uid)
+    if children is not None:
+        children.forget(key)
 
 
-async def _live_children(api, policy_name: str) -> dict[ObjKey, dict]:
-    selector = f"{MANAGED_BY_LABEL}={MANAGED_BY},{POLICY_LABEL}={policy_name}"
+async def _recreate(api, key: ObjKey, want: dict, have: dict, children: LiveChildren | None) -> None:
+    """RuntimeClass.handler is immutable: delete and create."""
+    await _delete(api, key, (have.get("metadata") or {}).get("uid"), children)
+    _remember(children, "RuntimeClass", await api.create_runtime_class(want))
+
+
+async def _listed_children(api, policy_name: str) -> dict[ObjKey, dict]:
+    """Without a cache (the CLI's tests, a fake API): one label-selected list per kind."""
+    selector = f"{POLICY_LABEL}={policy_name}"
     runtime_classes, config_maps = await asyncio.gather(
         api.list_runtime_classes(selector), api.list_config_maps(selector)
     )
@@ -296,27 +416,48 @@ async def _live_children(api, policy_name: str) -> dict[ObjKey, dict]:
     return live
 
 
-async def apply_desired(api, desired: Desired, trigger: Trigger, cache: DesiredCache, sink: EventSink) -> PassResult:
+async def _live_children(api, policy_name: str, children: LiveChildren | None) -> dict[ObjKey, dict]:
+    if children is not None:
+        return children.of_policy(policy_name)
+    return await _listed_children(api, policy_name)
+
+
+async def _current(api, key: ObjKey, children: LiveChildren | None) -> dict | None:
+    """The live object with this name, whoever's it is: from the cache when the cache holds
+    every object of the kind, else one read."""
+    if children is not None:
+        cached = children.get(key)
+        if cached is not None or children.complete(key):
+            return cached
+    return await _read(api, key)
+
+
+async def apply_desired(
+    api, desired: Desired, trigger: Trigger, cache: DesiredCache, sink: EventSink,
+    children: LiveChildren | None = None,
+) -> PassResult:
     result = PassResult()
-    live = await _live_children(api, desired.policy_name)
+    live = await _live_children(api, desired.policy_name, children)
     write_drift = trigger == "apply" or desired.drift_policy == "Correct"
+    owner = (desired.policy_name, desired.policy_uid)
+    desired.conflicts, desired.missing = set(), set()
+
+    def conflict(key: ObjKey, text: str) -> None:
+        desired.conflicts.add(key)
+        result.conflicts.append(text)
 
     for key, want in desired.owned.items():
         have = live.get(key)
         if have is None:
             # Not labelled as ours, but the name may be taken by somebody else's object.
-            have = await _read(api, key)
+            have = await _current(api, key, children)
             if have is not None:
-                if not is_ours(have, desired.policy_name, desired.policy_uid):
-                    result.conflicts.append(
-                        f"{describe(key)} exists and is not managed by this policy; left untouched"
-                    )
+                if not is_ours(have, *owner):
+                    conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched")
                     continue
                 live[key] = have
         if have is not None and key[0] == "RuntimeClass" and have.get("handler") != want.get("handler"):
-            # RuntimeClass.handler is immutable: delete and create.
-            await api.delete_runtime_class(key[2], (have.get("metadata") or {}).get("uid"))
-            await api.create_runtime_class(want)
+            await _recreate(api, key, want, have, children)
             result.writes.append(f"re-created {describe(key)} (handler changed)")
             continue
         diff = differences(want, have) if have is not None else ["(missing)"]
@@ -326,23 +467,29 @@ async def apply_desired(api, desired: Desired, trigger: Trigger, cache: DesiredC
             result.drifted.append(f"{describe(key)}: {', '.join(diff)}")
             _report_once(cache, sink, desired, key, have, diff)
             continue
-        done = await _write_with_retry(api, key, want, have)
+        try:
+            done = await _write_with_retry(api, key, want, have, children=children, owner=owner)
+        except NotOurs:
+            conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched")
+            continue
         if done:
             result.writes.append(done)
 
     for key, want in desired.guarded.items():
-        have = live.get(key) or await _read(api, key)
+        have = live.get(key) or await _current(api, key, children)
         if have is None:
+            desired.missing.add(key)
             result.missing.append(key[2])
             continue
-        if not is_ours(have, desired.policy_name, desired.policy_uid):
-            result.conflicts.append(f"{describe(key)} is not labelled for this policy; left untouched")
+        if not is_ours(have, *owner):
+            conflict(key, f"{describe(key)} is not labelled for this policy; left untouched")
             continue
-        diff = [d for d in differences(want, have) if d != "handler"]
+        diff = [d for d in differences(want, have, guarded=True) if d != "handler"]
         if have.get("handler") != want.get("handler"):
             result.drifted.append(f"{describe(key)}: handler {have.get('handler')!r} (immutable; fix the chart)")
         if diff and write_drift:
-            done = await _write_with_retry(api, key, want, have, create=False)
+            done = await _write_with_retry(
+                api, key, want, have, create=False, guarded=True, children=children, owner=owner)
             if done:
                 result.writes.append(done)
         elif diff:
@@ -359,7 +506,9 @@ async def apply_desired(api, desired: Desired, trigger: Trigger, cache: DesiredC
             continue  # node facts not known yet (informers syncing): keep the last guidance
         if key[0] == "RuntimeClass" and key not in desired.owned and desired.guarded:
             continue  # the chart's object (KataDeploy mode): never deleted by the operator
-        await _delete(api, key, (have.get("metadata") or {}).get("uid"))
+        if not is_ours(have, *owner):
+            continue
+        await _delete(api, key, (have.get("metadata") or {}).get("uid"), children)
         result.writes.append(f"deleted {describe(key)} (no longer in the policy)")
     return result
 
@@ -499,6 +648,7 @@ async def reconcile(
     api, body: dict, trigger: Trigger, cache: DesiredCache, sink: EventSink,
     nodes: list[NodeFacts] | None = None,
     audit_findings: list | None = None,
+    children: LiveChildren | None = None,
 ) -> PassResult:
     """One pass for one policy: validate, render, apply the difference, write status if changed."""
     name = (body.get("metadata") or {}).get("name")
@@ -530,7 +680,7 @@ async def reconcile(
     guidance_errors = [str(p) for p in rendered.problems if p.severity == Severity.ERROR and p not in sizing.errors]
     desired = build_desired(policy, rendered, body)
     cache.put(desired)  # before writing, so our own writes never look like drift
-    applied = await apply_desired(api, desired, trigger, cache, sink)
+    applied = await apply_desired(api, desired, trigger, cache, sink, children)
     applied.warnings = result.warnings + [f"node guidance: {e}" for e in guidance_errors]
     applied.nodes = nodes_status(rendered) if nodes is not None else None
     if audit_findings is not None:
@@ -569,12 +719,12 @@ async def _write_status(api, name: str, body: dict, status: dict) -> None:
             pass  # the policy is gone; nothing to report on
 
 
-async def delete_children(api, body: dict, cache: DesiredCache) -> list[str]:
+async def delete_children(api, body: dict, cache: DesiredCache, children: LiveChildren | None = None) -> list[str]:
     """On policy deletion: remove what the operator created, nothing else."""
     meta = body.get("metadata") or {}
     name, uid = meta.get("name"), meta.get("uid")
     desired = cache.drop(name)
-    live = await _live_children(api, name)
+    live = await _live_children(api, name, children)
     chart_owned = bool(desired and desired.guarded) or (
         ((body.get("spec") or {}).get("runtimeClass") or {}).get("managedBy") == "KataDeploy"
     )
@@ -584,16 +734,17 @@ async def delete_children(api, body: dict, cache: DesiredCache) -> list[str]:
             continue
         if key[0] == "RuntimeClass" and chart_owned:
             continue
-        await _delete(api, key, (have.get("metadata") or {}).get("uid"))
+        await _delete(api, key, (have.get("metadata") or {}).get("uid"), children)
         removed.append(describe(key))
     return removed
 
 
 async def handle_child_event(
     api, cache: DesiredCache, event_type: str | None, obj: dict, sink: EventSink,
-    count_drift: Callable[[str, str], Awaitable[None]],
+    count_drift: Callable[[str, str], Awaitable[None]], children: LiveChildren | None = None,
 ) -> str | None:
-    """A watched RuntimeClass or ConfigMap changed: put it back (Correct) or report (Report)."""
+    """A watched RuntimeClass or ConfigMap changed (`obj`, or for DELETED the last state seen):
+    put it back (Correct) or report it (Report)."""
     key = obj_key(obj)
     desired = cache.for_child(key, obj)
     if desired is None:
@@ -602,28 +753,29 @@ async def handle_child_event(
     if found is None:
         return None
     want, owned = found
+    guarded = not owned
+    owner = (desired.policy_name, desired.policy_uid)
     deleted = event_type == "DELETED"
     if deleted:
-        if not is_ours(obj, desired.policy_name, desired.policy_uid):
+        if not is_ours(obj, *owner):
             return None  # somebody else's object with our name went away: the next pass creates ours
         # Also what a label-selected watch sends when our label was removed: the watch may lag; trust the API.
         have = await _read(api, key)
-        if have is not None and not differences(want, have):
+        if have is not None and not differences(want, have, guarded):
             return None
-        diff = ["(deleted)"] if have is None else differences(want, have)
+        diff = ["(deleted)"] if have is None else differences(want, have, guarded)
     else:
         have = obj
-        diff = differences(want, have)
+        diff = differences(want, have, guarded)
         if not diff:
             return None
-    if have is not None and not is_ours(have, desired.policy_name, desired.policy_uid):
+    if have is not None and not is_ours(have, *owner):
         # Neither our labels nor our ownerReference: somebody else's object that has one of our
         # names (a Conflict the next pass reports). Never overwrite it.
         return None
     if key[0] == "RuntimeClass" and have is not None and have.get("handler") != want.get("handler"):
         if owned and desired.drift_policy == "Correct":
-            await api.delete_runtime_class(key[2], (have.get("metadata") or {}).get("uid"))
-            await api.create_runtime_class(want)
+            await _recreate(api, key, want, have, children)
             message = f"{describe(key)}: handler changed by hand; re-created"
             sink(desired.ref, "Normal", cond.EVENT_DRIFT_CORRECTED, message)
             await count_drift(desired.policy_name, "driftCorrections")
@@ -632,7 +784,11 @@ async def handle_child_event(
         _report_once(cache, sink, desired, key, have, diff)
         await count_drift(desired.policy_name, "driftDetected")
         return f"reported {describe(key)}: {', '.join(diff)}"
-    done = await _write_with_retry(api, key, want, have, create=owned)
+    try:
+        done = await _write_with_retry(
+            api, key, want, have, create=owned, guarded=guarded, children=children, owner=owner)
+    except NotOurs:
+        return None
     if done is None:
         return None
     message = f"{describe(key)} was changed by hand ({', '.join(diff)}); {done.split(' ')[0]} from the policy"
