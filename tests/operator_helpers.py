@@ -54,17 +54,24 @@ def stays(predicate: Callable[[], Any], duration: float, message: str = "") -> N
         time.sleep(POLL_S)
 
 
+LEASE_PATH = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases")
+
+
 def settle(emu: KubernetesApiEmulator, quiet_s: float = 0.4, timeout: float = 8) -> None:
-    """Wait until the operator has written nothing for `quiet_s` seconds."""
+    """Wait until the operator has written nothing for `quiet_s` seconds (a leader renewing its
+    Lease does not count)."""
+    def count() -> int:
+        return len([r for r in emu.write_requests() if not LEASE_PATH.search(r.path)])
+
     deadline = time.monotonic() + timeout
-    count, since = len(emu.write_requests()), time.monotonic()
+    last, since = count(), time.monotonic()
     while time.monotonic() - since < quiet_s:
         if time.monotonic() > deadline:
             raise AssertionError(f"the operator kept writing for {timeout}s: {emu.write_requests()[-5:]}")
         time.sleep(POLL_S)
-        now = len(emu.write_requests())
-        if now != count:
-            count, since = now, time.monotonic()
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
 
 
 # --- policies ---------------------------------------------------------------------------

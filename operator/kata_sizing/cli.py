@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -366,7 +367,24 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         metrics = MetricsOptions(port=args.metrics_port, addr=args.metrics_addr)
     return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace,
-                        webhook=_webhook_options(args), metrics=metrics, log_format=args.log_format)
+                        webhook=_webhook_options(args), metrics=metrics, log_format=args.log_format,
+                        lease=_lease_options(args))
+
+
+def _lease_options(args: argparse.Namespace):
+    """The leader-election flags, or None without --leader-elect."""
+    if not args.leader_elect:
+        return None
+    from .leader import LeaseOptions, default_identity
+
+    try:
+        return LeaseOptions(
+            namespace=args.leader_elect_namespace, identity=default_identity(),
+            lease_duration_s=args.lease_duration, renew_deadline_s=args.renew_deadline,
+            retry_period_s=args.retry_period,
+        )
+    except ValueError as exc:
+        raise InputError(f"--lease-duration/--renew-deadline/--retry-period: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,6 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--log-format", choices=("text", "json"), default="text",
                           help="json: one JSON object per line, one line per reconcile with "
                           "policy, trigger, result, writes and duration")
+    operator.add_argument("--leader-elect", action="store_true",
+                          help="run as one of several replicas: only the holder of a Lease reconciles")
+    operator.add_argument("--leader-elect-namespace", metavar="NS",
+                          default=os.environ.get("POD_NAMESPACE") or "kata-sizing",
+                          help="where the Lease lives (default: $POD_NAMESPACE, else kata-sizing)")
+    operator.add_argument("--lease-duration", type=float, default=15.0, metavar="S", help=argparse.SUPPRESS)
+    operator.add_argument("--renew-deadline", type=float, default=10.0, metavar="S", help=argparse.SUPPRESS)
+    operator.add_argument("--retry-period", type=float, default=2.0, metavar="S", help=argparse.SUPPRESS)
     operator.set_defaults(func=cmd_operator)
     return parser
 

@@ -22,6 +22,7 @@ from .cluster import facts_for_nodes, summarize_node, summarize_pod
 from .audit import audit_runtime_classes
 from .informer import ChildCache, Informer, backoff_s
 from .kube import ApiError, KubeApi, TransientApiError
+from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
 from .model import GROUP, PLURAL, VERSION
 from .workqueue import Retry, WorkQueue
 
@@ -67,6 +68,13 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     # hang for a minute (seen on the real API server). The check is cheap; do it often.
     settings.background.cancellation_polling = 0.5
     memo.api = await KubeApi.connect()
+    options = getattr(memo, "lease", None)
+    memo.leader = None
+    if options is not None:
+        # Two replicas: only the Lease holder's kopf runs handlers and its drift queue writes.
+        memo.api.identify(options.identity)
+        memo.leader = LeaderElector(memo.api, options)
+        gate_kopf(settings, memo.leader)
     memo.cache = rc.DesiredCache()
     memo.locks = {}
     # Per policy: the inputs (informer versions), node facts and audit rows of its last
@@ -79,16 +87,18 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     memo.pods = Informer(memo.api, "pods", summarize_pod)
     memo.work = WorkQueue(
         lambda item: _process(memo, item), workers=DRIFT_WORKERS, retry_base_s=RETRY_BASE_S,
-        retry_cap_s=RETRY_CAP_S, name="drift",
+        retry_cap_s=RETRY_CAP_S, name="drift", gate=memo.leader.wait_leading if memo.leader else None,
     )
     memo.background = [
+        *([asyncio.create_task(memo.leader.run(), name="leader-election")] if memo.leader else []),
         asyncio.create_task(memo.nodes.run(), name="nodes-informer"),
         asyncio.create_task(memo.pods.run(), name="pods-informer"),
         *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in memo.children.informers()),
     ]
 
 
-async def on_cleanup(memo: kopf.Memo, **_) -> None:
+async def on_cleanup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+    ungate_kopf(settings)
     tasks = getattr(memo, "background", [])
     for task in tasks:
         task.cancel()
@@ -100,6 +110,8 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
         await asyncio.wait_for(_all_released(locks), SHUTDOWN_GRACE_S)
     except asyncio.TimeoutError:
         log.warning("closing the API client with a pass still in progress")
+    if getattr(memo, "leader", None) is not None:
+        await memo.leader.release()  # the other replica takes over now, not after the lease expires
     api = getattr(memo, "api", None)
     if api is not None:
         await api.close()
@@ -337,6 +349,7 @@ async def validate_policy(
 
 
 def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
+    install_kopf_gate()  # before kopf starts; pauses only operators started with a Lease
     registry = kopf.OperatorRegistry()
     policies = (GROUP, VERSION, PLURAL)
     # kopf's own logins, like kubectl: the service account in a pod, else KUBECONFIG/~/.kube/config.

@@ -115,6 +115,14 @@ class KubeApi:
     def _custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api_client)
 
+    @property
+    def _coordination(self) -> client.CoordinationV1Api:
+        return client.CoordinationV1Api(self.api_client)
+
+    def identify(self, identity: str) -> None:
+        """Name this replica in the User-Agent, so the API server's audit log tells replicas apart."""
+        self.api_client.user_agent = f"kata-sizing/{identity}"
+
     def _plain(self, obj: object) -> dict:
         return self.api_client.sanitize_for_serialization(obj)
 
@@ -218,6 +226,28 @@ class KubeApi:
             GROUP, VERSION, PLURAL, name, patch,
             _content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH,
         )
+
+    # --- Lease (leader election) ---
+
+    async def read_lease(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._plain(await self._call(
+                f"read Lease {namespace}/{name}", self._coordination.read_namespaced_lease, name, namespace))
+        except NotFound:
+            return None
+
+    async def create_lease(self, body: dict) -> dict:
+        meta = body["metadata"]
+        return self._plain(await self._call(
+            f"create Lease {meta['namespace']}/{meta['name']}", self._coordination.create_namespaced_lease,
+            meta["namespace"], body, field_manager=FIELD_MANAGER))
+
+    async def replace_lease(self, body: dict) -> dict:
+        """PUT with the body's resourceVersion: two replicas taking the lease at once, one gets 409."""
+        meta = body["metadata"]
+        return self._plain(await self._call(
+            f"replace Lease {meta['namespace']}/{meta['name']}", self._coordination.replace_namespaced_lease,
+            meta["name"], meta["namespace"], body, field_manager=FIELD_MANAGER))
 
     # --- raw list/watch for the informers (no model round-trip: 20,000 pods stay cheap) ---
 

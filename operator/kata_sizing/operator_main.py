@@ -112,7 +112,7 @@ def configure_logging(log_format: str) -> None:
 def run_operator(
     liveness: str | None, standalone: bool, namespace: str | None = None,
     webhook: WebhookOptions | None = None, metrics: MetricsOptions | None = None,
-    log_format: str = "text",
+    log_format: str = "text", lease=None,
 ) -> int:
     from .handlers import build_registry
 
@@ -130,5 +130,7 @@ def run_operator(
         clusterwide=namespace is None,
         namespaces=[namespace] if namespace else (),
         liveness_endpoint=liveness,
+        # With a Lease the handlers start only once this replica holds it (see leader.py).
+        memo=kopf.Memo(lease=lease),
     ))
     return 0

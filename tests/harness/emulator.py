@@ -72,6 +72,7 @@ class RequestRecord(NamedTuple):
     query: Mapping[str, str]
     status: int
     body: Any = None  # the parsed JSON body of the request, if any
+    user_agent: str = ''  # which client sent it (replicas of one operator name themselves here)
 
     @property
     def is_write(self) -> bool:
@@ -338,7 +339,8 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
 
     def _record_request(self, raw: aiohttp.web.BaseRequest, status: int, body: Any) -> None:
         with self._log_lock:
-            self._log.append(RequestRecord(raw.method, raw.path, dict(raw.query), status, body))
+            self._log.append(RequestRecord(raw.method, raw.path, dict(raw.query), status, body,
+                                           raw.headers.get('User-Agent', '')))
 
     def _take_faults(self, raw: aiohttp.web.BaseRequest) -> tuple[float, FaultRule | None]:
         latency, failure = 0.0, None

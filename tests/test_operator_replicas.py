@@ -1,0 +1,163 @@
+"""Two replicas of the operator against the emulator: one holds the Lease and writes, the other
+waits; a clean stop hands over at once, a killed leader's Lease expires and the other replica
+finishes its work with no object made twice. Which replica sent a request is in its
+User-Agent (`kata-sizing/<identity>`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kopf
+import pytest
+
+from kata_sizing import conditions as cond
+from kata_sizing import handlers
+from kata_sizing.leader import LeaseOptions
+from tests.harness import KopfThread
+from tests.operator_helpers import (
+    LEASE_PATH, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example, pod_fixed, runtime_classes,
+    settle, stays, wait_for, wait_observed,
+)
+
+pytestmark = pytest.mark.emulator
+
+NAME = "qemu-rs"
+RC_NAMES = {f"kata-qemu-rs-{c}" for c in ("s", "m", "l", "xl")}
+CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance"}
+LEASE_NS = "kata-sizing"
+# Short, to keep the tests quick; the order (retry < renew deadline < duration) is client-go's.
+# Two operators in one process share the GIL, so a busy pass can delay the other's renewal.
+LEASE_S, RENEW_S, RETRY_S = 4.0, 3.0, 0.25
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lease_holder(emu) -> str | None:
+    lease = emu.objects("leases").get("kata-sizing", LEASE_NS)
+    return ((lease or {}).get("spec") or {}).get("holderIdentity")
+
+
+def replica(emu, identity: str) -> KopfThread:
+    options = LeaseOptions(namespace=LEASE_NS, identity=identity, lease_duration_s=LEASE_S,
+                           renew_deadline_s=RENEW_S, retry_period_s=RETRY_S)
+    return KopfThread(emu.kubeconfig, registry=handlers.build_registry(), memo=kopf.Memo(lease=options))
+
+
+def by(identity: str):
+    return lambda r: r.user_agent == f"kata-sizing/{identity}"
+
+
+def test_one_replica_writes_while_the_other_waits_and_a_clean_stop_hands_over_at_once(cluster):
+    emu = cluster.emu  # the emulator only; the replicas are started here
+    first = replica(emu, "a")
+    first.start()
+    second = None
+    try:
+        wait_for(lambda: lease_holder(emu) == "a", 5)
+        second = replica(emu, "b")
+        second.start()
+        stays(lambda: lease_holder(emu) == "a", 1.0, "the second replica took a Lease that was being renewed")
+
+        emu.objects("katasizingpolicies").create(example())
+        wait_observed(emu, NAME, Ready="True")
+        settle(emu)
+        assert set(runtime_classes(emu)) == RC_NAMES and set(config_maps(emu)) == CM_NAMES
+        creates = [r for r in emu.write_requests(RC_PATH) if r.method == "POST"]
+        assert sorted(r.status for r in creates) == [201] * 4, "a RuntimeClass was created twice"
+        # The follower wrote nothing at all: not a child, not the Lease.
+        assert emu.write_requests(), "nothing was written at all"
+        assert [r for r in emu.write_requests() if by("b")(r)] == []
+
+        name = "kata-qemu-rs-m"
+        original = pod_fixed(emu, name)
+        emu.reset_request_log()
+        edit(emu, RUNTIME_CLASSES, name, lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+        wait_for(lambda: pod_fixed(emu, name) == original, 5)
+        wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, 5)
+        settle(emu)
+        puts = [r for r in emu.write_requests(f"/runtimeclasses/{name}")]
+        assert [(r.method, r.user_agent) for r in puts] == [("PUT", "kata-sizing/a")]
+        assert len(event_messages(emu, cond.EVENT_DRIFT_CORRECTED)) == 1
+
+        # A rolling update: the old leader stops cleanly and releases; the other takes over within
+        # a retry period or two, not after the lease duration, and corrects drift from then on.
+        stopped = time.monotonic()
+        first.stop()
+        wait_for(lambda: lease_holder(emu) == "b", LEASE_S)
+        assert time.monotonic() - stopped < LEASE_S
+        emu.reset_request_log()
+        edit(emu, RUNTIME_CLASSES, name, lambda o: o["overhead"]["podFixed"].update(memory="2Mi"))
+        wait_for(lambda: pod_fixed(emu, name) == original, 5)
+        settle(emu)
+        assert {r.user_agent for r in emu.write_requests(RC_PATH)} == {"kata-sizing/b"}
+        assert set(runtime_classes(emu)) == RC_NAMES
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def _spawn(kubeconfig: Path, identity: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": identity, "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kata_sizing.cli", "operator", "--standalone", "--leader-elect",
+             "--lease-duration", str(LEASE_S), "--renew-deadline", str(RENEW_S), "--retry-period", str(RETRY_S)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def test_a_leader_killed_mid_reconcile_is_replaced_and_nothing_is_made_twice(cluster, tmp_path):
+    emu = cluster.emu  # the emulator only; the replicas are started here
+    # Slow RuntimeClass creates, so the kill lands in the middle of the first pass.
+    emu.add_latency(0.4, method="POST", path="/runtimeclasses")
+    procs = []
+    try:
+        procs.append(_spawn(emu.kubeconfig, "a", tmp_path / "a.log"))
+        wait_for(lambda: (lease_holder(emu) or "").startswith("a_"), 20, "the first replica never led")
+        leader = lease_holder(emu)
+        procs.append(_spawn(emu.kubeconfig, "b", tmp_path / "b.log"))
+        wait_for(lambda: any(by_prefix(r, "b") for r in emu.request_log), 20, "the second replica never started")
+
+        emu.objects("katasizingpolicies").create(example())
+        wait_for(lambda: any(r.status == 201 for r in emu.requests("POST", RC_PATH)), 10)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(10)
+        at_kill = len(emu.request_log)
+        created_by_a = {r.body["metadata"]["name"] for r in emu.requests("POST", RC_PATH) if r.status == 201}
+        assert 0 < len(created_by_a) < 4, "the kill did not land mid-pass"
+
+        wait_for(lambda: (lease_holder(emu) or "").startswith("b_"), 3 * LEASE_S, "the Lease was not taken over")
+        assert lease_holder(emu) != leader
+        wait_observed(emu, NAME, timeout=15, Ready="True")
+        settle(emu)
+        assert set(runtime_classes(emu)) == RC_NAMES and set(config_maps(emu)) == CM_NAMES
+        creates = [r for r in emu.requests("POST", RC_PATH) if r.status == 201]
+        assert sorted(r.body["metadata"]["name"] for r in creates) == sorted(RC_NAMES), "made twice or lost"
+        assert not emu.requests("DELETE", RC_PATH), "an object was deleted and made again"
+        # While the first replica lived the second wrote nothing; afterwards it wrote only once it
+        # held the Lease (its Lease PUT comes before its first other write).
+        log = emu.request_log
+        b_writes = [i for i, r in enumerate(log) if r.is_write and by_prefix(r, "b")]
+        assert b_writes and min(b_writes) >= at_kill
+        lease_taken = min(i for i in b_writes if LEASE_PATH.search(log[i].path))
+        assert all(i > lease_taken for i in b_writes if not LEASE_PATH.search(log[i].path))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    for proc, name in zip(procs[1:], ["b"]):
+        text = (tmp_path / f"{name}.log").read_text()
+        assert "connector is None" not in text and "Traceback" not in text, text[-3000:]
+
+
+def by_prefix(record, identity: str) -> bool:
+    return record.user_agent.startswith(f"kata-sizing/{identity}_")
