@@ -240,7 +240,11 @@ class OperatorCluster:
         self._monkeypatch = monkeypatch
         self.operator = None
 
-    def start(self, resync_s: float = 300, settings_hook: Callable[[Any], None] | None = None):
+    def start(self, resync_s: float = 300, settings_hook: Callable[[Any], None] | None = None,
+              lease: Any = None):
+        """`lease`: a leader.LeaseOptions to run as one leader-elected replica."""
+        import kopf
+
         from kata_sizing import handlers
         from tests.harness import KopfThread
 
@@ -248,7 +252,7 @@ class OperatorCluster:
         # build_registry() reads the interval, so a short one never leaks into other tests.
         self._monkeypatch.setattr(handlers, "RESYNC_INTERVAL_S", resync_s)
         self.operator = KopfThread(self.emu.kubeconfig, registry=handlers.build_registry(),
-                                   settings_hook=settings_hook)
+                                   settings_hook=settings_hook, memo=kopf.Memo(lease=lease))
         self.operator.start()
         return self.operator
 

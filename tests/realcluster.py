@@ -81,6 +81,7 @@ class AuditEvent:
     name: str
     code: int
     uri: str
+    user_agent: str = ""  # replicas name themselves here (kata-sizing/<identity>)
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -258,7 +259,8 @@ class ControlPlane:
             events.append(AuditEvent(
                 verb=entry["verb"], group=ref.get("apiGroup", ""), resource=resource,
                 namespace=ref.get("namespace", ""), name=ref.get("name", ""),
-                code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", "")))
+                code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", ""),
+                user_agent=entry.get("userAgent", "")))
         return events
 
     def operator_writes(self, since: int = 0, resource: str | None = None) -> list[AuditEvent]:

@@ -39,6 +39,8 @@ EXPECTED_KINDS = Counter(
         "ServiceAccount": 1,
         "ClusterRole": 3,  # the operator's, and the aggregated view and edit roles
         "ClusterRoleBinding": 1,
+        "Role": 1,
+        "RoleBinding": 1,
         "Deployment": 1,
         "Service": 1,  # /metrics
         "CustomResourceDefinition": 1,
@@ -65,6 +67,12 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "configmaps"): READ_WRITE,
     ("", "nodes"): ("list", "watch"),
     ("", "pods"): ("list", "watch"),
+}
+
+
+# The Role in the operator's namespace: leader election's one Lease.
+LEADER_ELECTION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("coordination.k8s.io", "leases"): ("get", "create", "update"),
 }
 
 
@@ -336,9 +344,30 @@ def test_clusterrole_rules_sit_under_a_framework_or_application_heading() -> Non
 # ---- Deployment ----
 
 
-def test_deployment_runs_one_operator_with_recreate(deployment: dict) -> None:
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+def test_deployment_runs_two_leader_elected_replicas_rolled_one_at_a_time(
+    deployment: dict, operator_container: dict
+) -> None:
+    assert deployment["spec"]["replicas"] == 2
+    # A new pod starts before an old one stops: there is always one to serve the webhook and
+    # to take the Lease over.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert "--leader-elect" in operator_container["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in operator_container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def test_the_leader_election_role_grants_only_the_lease_in_the_operators_namespace(
+    manifests_by_kind: dict[str, dict],
+) -> None:
+    role, binding = manifests_by_kind["Role"], manifests_by_kind["RoleBinding"]
+    assert role["metadata"]["namespace"] == NAMESPACE == binding["metadata"]["namespace"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert granted == {(g, r, v) for (g, r), verbs in LEADER_ELECTION_PERMISSIONS.items() for v in verbs}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
 
 
 def test_deployment_runs_the_released_image(operator_container: dict) -> None:

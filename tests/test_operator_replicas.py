@@ -161,3 +161,59 @@ def test_a_leader_killed_mid_reconcile_is_replaced_and_nothing_is_made_twice(clu
 
 def by_prefix(record, identity: str) -> bool:
     return record.user_agent.startswith(f"kata-sizing/{identity}_")
+
+
+def test_the_waiting_replica_serves_the_webhook_and_keeps_serving_through_a_handover(cluster, tmp_path):
+    """A rolling update stops the leader while the other pod serves admission: every review
+    posted to the other replica during the handover is answered, before and after it leads."""
+    import threading
+
+    from kata_sizing.admission import admission_problems
+    from kata_sizing.operator_main import WebhookOptions, configure_webhook
+    from tests.test_webhook import Webhook, free_port, invalid_body, write_self_signed_cert
+
+    emu = cluster.emu
+    cert, key = write_self_signed_cert(tmp_path)
+
+    def serving(identity: str) -> tuple[KopfThread, Webhook]:
+        port = free_port()
+        options = WebhookOptions(port=port, certfile=str(cert), pkeyfile=str(key), addr="127.0.0.1")
+        lease = LeaseOptions(namespace=LEASE_NS, identity=identity, lease_duration_s=LEASE_S,
+                             renew_deadline_s=RENEW_S, retry_period_s=RETRY_S)
+        thread = KopfThread(emu.kubeconfig, registry=handlers.build_registry(admission=True),
+                            settings_hook=lambda s: configure_webhook(s, options), memo=kopf.Memo(lease=lease))
+        return thread, Webhook(emu, port, cert)
+
+    leader, _ = serving("a")
+    follower, hook = serving("b")
+    leader.start()
+    try:
+        wait_for(lambda: lease_holder(emu) == "a", 5)
+        follower.start()
+        hook.wait_until_serving()
+        errors, _ = admission_problems(invalid_body())
+        refused = hook.review("CREATE", invalid_body())
+        assert refused["allowed"] is False and refused["status"]["message"] == "; ".join(errors)
+        assert hook.review("CREATE", example())["allowed"] is True
+        assert lease_holder(emu) == "a", "answering admission made the follower take the Lease"
+
+        answers: list[bool] = []
+        stop = threading.Event()
+
+        def keep_reviewing() -> None:
+            while not stop.is_set():
+                answers.append(hook.review("CREATE", invalid_body())["allowed"] is False)
+
+        reviewer = threading.Thread(target=keep_reviewing)
+        reviewer.start()
+        try:
+            leader.stop()
+            wait_for(lambda: lease_holder(emu) == "b", LEASE_S)
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            reviewer.join(10)
+        assert len(answers) >= 5 and all(answers), answers
+    finally:
+        leader.stop()
+        follower.stop()

@@ -16,7 +16,10 @@ from tests.operator_helpers import (
     CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RUNTIME_CLASSES, edit, example, explicit_classes_policy,
     get_rc, pod_fixed, settle, update_spec, wait_for, wait_observed,
 )
-from tests.test_manifests import APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, granted_permissions
+from kata_sizing.leader import LeaseOptions
+from tests.test_manifests import (
+    APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, granted_permissions,
+)
 
 pytestmark = pytest.mark.emulator
 
@@ -86,7 +89,9 @@ def _broad_scenario(cluster) -> None:
         "nodeName": "kata-1", "containers": [{"name": "c", "resources": {"requests": {"memory": "1Gi"}}}]}})
     # Somebody else's RuntimeClass with a name a policy wants: a conflict.
     emu.objects(RUNTIME_CLASSES).create({"metadata": {"name": "kata-taken-m"}, "handler": "kata-taken-m"})
-    cluster.start(resync_s=0.5)
+    # As the Deployment runs it: leader-elected (the Lease's verbs are exercised too).
+    cluster.start(resync_s=0.5, lease=LeaseOptions(namespace=OUTPUT_NAMESPACE, identity="rbac-check"))
+    wait_for(lambda: emu.objects("leases").get("kata-sizing", OUTPUT_NAMESPACE), 10)
 
     cluster.create(explicit_classes_policy())
     wait_observed(emu, "qemu-rs", Ready="True")
@@ -137,6 +142,7 @@ def _broad_scenario(cluster) -> None:
         emu.objects(POLICIES).delete(name)
     wait_for(lambda: not emu.objects(POLICIES).list(), 10)
     settle(emu)
+    cluster.stop()  # a clean stop releases the Lease
 
 
 @pytest.fixture
@@ -151,11 +157,15 @@ def exercised(cluster_without_gc) -> dict[Triple, list[str]]:
 
 
 def test_every_request_is_granted_and_every_application_grant_is_used(exercised):
-    granted = granted_permissions()
+    granted = granted_permissions() | _triples(LEADER_ELECTION_PERMISSIONS)
     refused = {t: calls[:3] for t, calls in exercised.items() if t not in granted}
     assert not refused, f"requests a real API server would refuse with 403: {refused}"
+    # The Role covers the Lease in the operator's namespace only.
+    lease_calls = [c for t, calls in exercised.items() if t[1] == "leases" for c in calls]
+    assert lease_calls and all(f"/namespaces/{OUTPUT_NAMESPACE}/leases" in c for c in lease_calls), lease_calls
 
     framework_only = _triples(FRAMEWORK_PERMISSIONS) - _triples(APPLICATION_PERMISSIONS)
-    application = (granted & _triples(APPLICATION_PERMISSIONS)) - framework_only
+    application = (granted & (_triples(APPLICATION_PERMISSIONS) | _triples(LEADER_ELECTION_PERMISSIONS))) \
+        - framework_only
     unused = application - set(exercised) - set(NOT_EXERCISED_BUT_NEEDED)
     assert not unused, f"the ClusterRole grants more than the operator uses: {sorted(unused)}"

@@ -90,7 +90,7 @@ class LeaderElector:
     async def wait_leading(self) -> None:
         await self.leading.wait()
 
-    async def _set(self, leading: bool) -> None:
+    async def _set(self, leading: bool, released: bool = False) -> None:
         if leading == self.is_leader:
             return
         if leading:
@@ -98,6 +98,8 @@ class LeaderElector:
             self.transitions += 1
             log.info("%s now holds Lease %s/%s: this replica reconciles", self.options.identity,
                      self.options.namespace, self.options.name)
+        elif released:
+            self.leading.clear()
         else:
             self.leading.clear()
             log.warning("%s no longer holds Lease %s/%s: this replica stops writing", self.options.identity,
@@ -177,7 +179,7 @@ class LeaderElector:
         except (ApiError, asyncio.TimeoutError) as exc:
             log.warning("could not release Lease %s/%s (%s); it expires in %ss", o.namespace, o.name, exc,
                         o.lease_duration_s)
-        await self._set(False)
+        await self._set(False, released=True)
 
 
 # --- pausing kopf while not leading ---------------------------------------------------------
