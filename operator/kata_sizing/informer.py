@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
@@ -23,7 +24,9 @@ from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 log = logging.getLogger("kata_sizing.informer")
 
 T = TypeVar("T")
-WATCH_TIMEOUT_S = 300
+# Each watch asks the server to end it after between this and twice this many seconds, as
+# client-go's reflector does (5 to 10 minutes), so reconnects of many clients spread out.
+WATCH_TIMEOUT_S = int(os.environ.get("KATA_SIZING_WATCH_TIMEOUT_SECONDS", "300"))
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 10.0
 # Objects per list page: 500 is what client-go's reflector asks for (its pager's default).
@@ -132,8 +135,9 @@ class Informer(Generic[T]):
                 if need_list:
                     await self._relist()
                     need_list = False
+                timeout_s = random.randint(WATCH_TIMEOUT_S, 2 * WATCH_TIMEOUT_S)
                 async for event in self.api.watch_raw(
-                    self.collection, self.resource_version, WATCH_TIMEOUT_S, label_selector=self.label_selector,
+                    self.collection, self.resource_version, timeout_s, label_selector=self.label_selector,
                 ):
                     event_type, obj = event.get("type"), event.get("object") or {}
                     if event_type == "ERROR":
