@@ -245,7 +245,7 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
 
 
 @pytest.mark.parametrize("values, message", [
-    (["--set", "replicas=2"], "only 1 replica is supported"),
+    (["--set", "replicas=0"], "replicas: at least 1"),
     (["--set", "logFormat=xml"], '"xml" is not text or json'),
     (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false"],
      "webhook.caBundle is required"),
