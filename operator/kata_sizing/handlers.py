@@ -85,6 +85,8 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     memo.children = ChildCache(memo.api, on_change=lambda key, before, after: _child_changed(memo, key, before, after))
     memo.nodes = Informer(memo.api, "nodes", summarize_node)
     memo.pods = Informer(memo.api, "pods", summarize_pod)
+    # Also in the memo itself, where the metrics and readiness endpoint looks for informers.
+    memo.runtime_classes, memo.config_maps = memo.children.informers()
     memo.work = WorkQueue(
         lambda item: _process(memo, item), workers=DRIFT_WORKERS, retry_base_s=RETRY_BASE_S,
         retry_cap_s=RETRY_CAP_S, name="drift", gate=memo.leader.wait_leading if memo.leader else None,
