@@ -128,6 +128,12 @@ def test_a_zero_mib_sandbox_is_a_warning_validate_strict_refuses_and_explain_ref
     assert main(["validate", path, "--strict"]) == 1
     assert main(["explain", path, "--class", "s", "--cpu", "1"]) == 1
     assert "computed sandbox memory is 0 MiB" in capsys.readouterr().err
+    no_default = write(tmp_path, measured(overheadMemory="128Mi", defaultMemory="0",
+                                          podFixed={"cpu": "1", "memory": "400Mi"}), "no-default.yaml")
+    assert main(["validate", no_default]) == 0
+    assert "computed sandbox memory is 0 MiB" in capsys.readouterr().err
+    assert main(["explain", no_default, "--class", "s"]) == 1  # a pod without limits
+    assert "Kata refuses this pod: computed sandbox memory is 0 MiB" in capsys.readouterr().err
     both = measured(overheadMemory="0", defaultMemory="0", podFixed={"cpu": "1", "memory": "400Mi"})
     assert (Severity.ERROR, Rule.SANDBOX_MEMORY_ZERO) in rules_of(both)
 

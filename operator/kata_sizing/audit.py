@@ -22,7 +22,9 @@ from . import defaults
 from .defaults import Runtime, ShimInfo
 from .quantity import QuantityError, cpu_cores, format_cpu, format_memory, format_vcpus, memory_bytes
 from .rules import (  # noqa: F401  (Rule and Severity are part of this module's API)
-    HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter, read_drop_in,
+    HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter,
+    overhead_disabled, read_drop_in,
+    show_cpu, show_memory,
 )
 
 if TYPE_CHECKING:
@@ -64,8 +66,8 @@ class CheckedClass:
             "valuesPath": self.values_path,
             "overheadEnabled": self.overhead_enabled,
             "podFixed": {
-                "memory": _show_memory(self.pod_fixed_memory_bytes),
-                "cpu": _show_cpu(self.pod_fixed_cpu),
+                "memory": show_memory(self.pod_fixed_memory_bytes),
+                "cpu": show_cpu(self.pod_fixed_cpu),
             } if self.overhead_enabled else None,
             "kata": self.kata.as_dict() if self.kata else None,
         }
@@ -144,14 +146,6 @@ class _Candidate:
     drop_in_path: str
     overhead_enabled: bool
     pod_fixed: dict
-
-
-def _show_memory(size_bytes: int | None) -> str:
-    return "unset" if size_bytes is None else format_memory(size_bytes)
-
-
-def _show_cpu(cores: Decimal | None) -> str:
-    return "unset" if cores is None else format_cpu(cores)
 
 
 def _describe(pod_fixed: dict) -> str:
@@ -418,19 +412,15 @@ def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None
                 "the overhead is not a mapping of memory and cpu",
                 f"set {_field(c, 'memory')} and {_field(c, 'cpu')}")
         return None, None
-    memory = cpu = None
-    if "memory" in c.pod_fixed:
-        try:
-            memory = memory_bytes(c.pod_fixed["memory"])
-        except QuantityError as exc:
-            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.memory {c.pod_fixed['memory']!r}"[:100],
-                    "a memory quantity", str(exc), f"set {_field(c, 'memory')} to a quantity such as 320Mi")
-    if "cpu" in c.pod_fixed:
-        try:
-            cpu = cpu_cores(c.pod_fixed["cpu"])
-        except QuantityError as exc:
-            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.cpu {c.pod_fixed['cpu']!r}"[:100],
-                    "a CPU quantity", str(exc), f"set {_field(c, 'cpu')} to a quantity such as 250m")
+    parsed: dict[str, object] = {"memory": None, "cpu": None}
+    for key, parse, example in (("memory", memory_bytes, "320Mi"), ("cpu", cpu_cores, "250m")):
+        if key in c.pod_fixed:
+            try:
+                parsed[key] = parse(c.pod_fixed[key])
+            except QuantityError as exc:
+                finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.{key} {c.pod_fixed[key]!r}"[:100],
+                        f"a {key} quantity", str(exc), f"set {_field(c, key)} to a quantity such as {example}")
+    memory, cpu = parsed["memory"], parsed["cpu"]
     return memory, cpu
 
 
@@ -466,9 +456,7 @@ def _check(c: _Candidate, notes: list[str], hosts: dict[str, HostOverhead]) -> t
                   set_kata=drop_in_setter(c.drop_in_path), overhead_disabled_fix=_overhead_disabled_fix(c))
     if kata is None:
         if not c.overhead_enabled:
-            finding(Severity.ERROR, Rule.OVERHEAD_DISABLED, "no overhead", "podFixed covering the VM",
-                    "the RuntimeClass has no overhead: Kubernetes accounts nothing for the VM, the shim "
-                    "and the VMM, so every pod's node memory is under-accounted", where.overhead_disabled_fix)
+            findings.append(Finding.of(c.name, c.handler, overhead_disabled(where)))
         return checked, findings
     pod_fixed = PodFixed(pod_fixed_memory, pod_fixed_cpu) if c.overhead_enabled else None
     findings.extend(Finding.of(c.name, c.handler, p) for p in check_class(kata, pod_fixed, host, where))
@@ -606,7 +594,7 @@ def format_text(report: AuditReport) -> str:
             c.handler,
             c.shim,
             c.runtime.value,
-            f"{_show_cpu(c.pod_fixed_cpu)}/{_show_memory(c.pod_fixed_memory_bytes)}" if c.overhead_enabled else "none",
+            f"{show_cpu(c.pod_fixed_cpu)}/{show_memory(c.pod_fixed_memory_bytes)}" if c.overhead_enabled else "none",
             f"{kata.default_memory_mib}MiB" if kata else "?",
             overhead,
             str(kata.sandbox_cgroup_only).lower() if kata else "?",

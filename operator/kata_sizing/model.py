@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -299,18 +300,11 @@ class Toleration(_Model):
         default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
     )
 
-    @field_validator("key")
+    @field_validator("key", "value")
     @classmethod
-    def _label_key(cls, value: str | None) -> str | None:
-        problem = label_key_problem(value) if value else None
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("value")
-    @classmethod
-    def _label_value(cls, value: str | None) -> str | None:
-        problem = label_value_problem(value) if value else None
+    def _label_text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        check = label_key_problem if info.field_name == "key" else label_value_problem
+        problem = check(value) if value else None
         if problem:
             raise ValueError(problem)
         return value

@@ -360,6 +360,20 @@ class PodFixed:
     cpu: Decimal | None
 
 
+def sandbox_zero_message(hypervisor: str) -> str:
+    """runtime-rs' own words when a sandbox would get 0 MiB [rs-src]."""
+    return (f"computed sandbox memory is 0 MiB for hypervisor {hypervisor}; set a non-zero memory limit or "
+            "configure non-zero default_memory/overhead_memory")
+
+
+def overhead_disabled(where: Where) -> Problem:
+    """A Kata RuntimeClass without overhead: checked even when its drop-in cannot be read."""
+    return Problem(Severity.ERROR, Rule.OVERHEAD_DISABLED, where.path,
+                   "the RuntimeClass has no overhead: Kubernetes accounts nothing for the VM, the shim "
+                   "and the VMM, so every pod's node memory is under-accounted", where.overhead_disabled_fix,
+                   "no overhead", "podFixed covering the VM")
+
+
 def check_class(kata: KataConfig, pod_fixed: PodFixed | None, host: HostOverhead, where: Where) -> list[Problem]:
     """Every rule of docs/rules.md that compares a class's Kata configuration with its
     podFixed. `pod_fixed` None: the RuntimeClass has no overhead at all."""
@@ -369,13 +383,11 @@ def check_class(kata: KataConfig, pod_fixed: PodFixed | None, host: HostOverhead
         problems.append(Problem(severity, rule, where.path, message, fix, value, bound))
 
     if pod_fixed is None:
-        problem(Severity.ERROR, Rule.OVERHEAD_DISABLED, "no overhead", "podFixed covering the VM",
-                "the RuntimeClass has no overhead: Kubernetes accounts nothing for the VM, the shim "
-                "and the VMM, so every pod's node memory is under-accounted", where.overhead_disabled_fix)
+        problems.append(overhead_disabled(where))
     memory_bytes = (pod_fixed.memory_bytes if pod_fixed else None) or 0
     cpu = (pod_fixed.cpu if pod_fixed else None) or Decimal(0)
-    pf_mem = f"podFixed.memory {_show_memory(pod_fixed.memory_bytes if pod_fixed else None)}"
-    pf_cpu = f"podFixed.cpu {_show_cpu(pod_fixed.cpu if pod_fixed else None)}"
+    pf_mem = f"podFixed.memory {show_memory(pod_fixed.memory_bytes if pod_fixed else None)}"
+    pf_cpu = f"podFixed.cpu {show_cpu(pod_fixed.cpu if pod_fixed else None)}"
     mem_field, cpu_field = where.pod_fixed_field("memory"), where.pod_fixed_field("cpu")
     host_mib = host.memory_mib
 
@@ -399,9 +411,7 @@ def check_class(kata: KataConfig, pod_fixed: PodFixed | None, host: HostOverhead
                        "default_memory": "has no limits"}
             problem(Severity.ERROR if len(zero) == 2 else Severity.WARNING, Rule.SANDBOX_MEMORY_ZERO,
                     ", ".join(f"{key} 0" for key in zero), "a non-zero memory", (
-                        f"computed sandbox memory is 0 MiB for hypervisor {kata.hypervisor}; set a non-zero "
-                        "memory limit or configure non-zero default_memory/overhead_memory (Kata refuses "
-                        f"every pod of this class that {' or '.join(refused[key] for key in zero)})"),
+                        f"{sandbox_zero_message(kata.hypervisor)} (Kata refuses every pod of this class that {' or '.join(refused[key] for key in zero)})"),
                     " and ".join(where.set_kata(kata, key, _shipped_overhead_memory(kata)
                                                 if key == "overhead_memory" else _fallback_mib()) for key in zero))
         if pod_fixed is not None:
@@ -454,11 +464,11 @@ def check_class(kata: KataConfig, pod_fixed: PodFixed | None, host: HostOverhead
     return problems
 
 
-def _show_memory(size_bytes: int | None) -> str:
+def show_memory(size_bytes: int | None) -> str:
     return "unset" if size_bytes is None else format_memory(size_bytes)
 
 
-def _show_cpu(cores: Decimal | None) -> str:
+def show_cpu(cores: Decimal | None) -> str:
     return "unset" if cores is None else format_cpu(cores)
 
 

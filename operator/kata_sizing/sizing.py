@@ -18,6 +18,7 @@ from .model import KataSizingPolicy, KataSizingPolicySpec, SizeClass
 from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, memory_bytes, mib_ceil
 from .rules import (  # noqa: F401  (Problem and Severity are re-exported for the other modules)
     HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, check_shim, read_drop_in,
+    sandbox_zero_message,
 )
 
 
@@ -347,15 +348,14 @@ def simulate_rust(
 ) -> SimulatedVm:
     """runtime-rs with static_sandbox_resource_mgmt = true."""
     if cpu_limit is None and memory_limit_bytes is None:
+        if default_memory_mib == 0:
+            raise SandboxRefused(sandbox_zero_message(hypervisor))
         return SimulatedVm(Vm(default_vcpus, default_memory_mib), Decimal(default_vcpus))
     vcpus_exact = (cpu_limit or Decimal(0)) + overhead_vcpus
     vcpus = max(1, math.ceil(vcpus_exact))
     memory_mib = (_limit_mib_rust(memory_limit_bytes) if memory_limit_bytes else 0) + overhead_memory_mib
     if memory_mib == 0:
-        raise SandboxRefused(
-            f"computed sandbox memory is 0 MiB for hypervisor {hypervisor}; set a non-zero "
-            "memory limit or configure non-zero default_memory/overhead_memory"
-        )
+        raise SandboxRefused(sandbox_zero_message(hypervisor))
     return SimulatedVm(Vm(vcpus, memory_mib), vcpus_exact)
 
 
