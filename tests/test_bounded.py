@@ -180,3 +180,25 @@ def test_selectors_are_kubernetes_labels(selector, problem) -> None:
         parse_policy(document)
     assert info.value.problems[0].startswith("spec.runtimeClass.nodeSelector: ")
     assert problem in info.value.problems[0]
+
+
+def test_an_alias_bomb_inside_a_custom_runtimes_runtime_class_string_is_a_finding(capsys, write) -> None:
+    from kata_sizing.audit import Rule, audit_values
+
+    runtime_class = BILLION_LAUGHS + "handler: kata-bomb\noverhead:\n  podFixed:\n    memory: *i\n"
+    values = {"customRuntimes": {"enabled": True, "runtimes": {"bomb": {
+        "baseConfig": "qemu-runtime-rs", "runtimeClass": runtime_class}}}}
+    (finding,) = audit_values(values, []).findings
+    assert finding.rule == Rule.RUNTIME_CLASS_INVALID
+    assert "expands to more than 200000 YAML nodes" in finding.message
+    code, _ = run(capsys, "audit", write(yaml.safe_dump(values)))
+    assert code == 1
+
+
+def test_a_quantity_that_is_a_huge_aliased_list_is_reported_briefly() -> None:
+    from kata_sizing.quantity import QuantityError, memory_bytes
+
+    bomb = yaml.load(BILLION_LAUGHS, Loader=yaml.SafeLoader)["i"]  # 9^9 elements if expanded
+    with pytest.raises(QuantityError) as info:
+        memory_bytes(bomb)
+    assert len(str(info.value)) < 200

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-import yaml
 
 from . import defaults
 from .defaults import Runtime, ShimInfo
-from .quantity import QuantityError, cpu_cores, format_cpu, format_memory, format_vcpus, memory_bytes
+from . import bounded
+from .quantity import QuantityError, cpu_cores, format_cpu, format_memory, format_vcpus, memory_bytes, shown
 from .rules import (  # noqa: F401  (Rule and Severity are part of this module's API)
     HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter,
     overhead_disabled, read_drop_in,
@@ -289,9 +289,11 @@ def _custom_candidates(values: dict, notes: list[str], findings: list[Finding]) 
             continue
         textual = _handler_line(text) if isinstance(text, str) else None
         try:
-            rc = yaml.safe_load(text) if isinstance(text, str) else None
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            # The same bounds as the file it came in: an alias bomb fits in a few hundred bytes.
+            documents = bounded.load_yaml_documents(text, f"{path}.runtimeClass") if isinstance(text, str) else []
+            rc = documents[0] if len(documents) == 1 else None
+        except bounded.InputError as exc:
+            problem = str(exc).split(": ", 1)[-1]
             findings.append(Finding(str(name), textual or "?", Severity.ERROR, Rule.RUNTIME_CLASS_INVALID,
                                     "not YAML", "a RuntimeClass", f"{path}.runtimeClass is not valid YAML: {problem}",
                                     f"write a full RuntimeClass YAML in {path}.runtimeClass"))
@@ -408,7 +410,7 @@ def _field(c: _Candidate, key: str) -> str:
 
 def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None]:
     if "invalid" in c.pod_fixed:
-        finding(Severity.ERROR, Rule.OVERHEAD_INVALID, repr(c.pod_fixed["invalid"])[:80], "memory and cpu quantities",
+        finding(Severity.ERROR, Rule.OVERHEAD_INVALID, shown(c.pod_fixed["invalid"]), "memory and cpu quantities",
                 "the overhead is not a mapping of memory and cpu",
                 f"set {_field(c, 'memory')} and {_field(c, 'cpu')}")
         return None, None
@@ -418,7 +420,7 @@ def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None
             try:
                 parsed[key] = parse(c.pod_fixed[key])
             except QuantityError as exc:
-                finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.{key} {c.pod_fixed[key]!r}"[:100],
+                finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.{key} {shown(c.pod_fixed[key])}",
                         f"a {key} quantity", str(exc), f"set {_field(c, key)} to a quantity such as {example}")
     memory, cpu = parsed["memory"], parsed["cpu"]
     return memory, cpu

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from decimal import Decimal, InvalidOperation
 
 MIB = 1024 * 1024
@@ -39,6 +40,15 @@ _QUANTITY = re.compile(
 MAX_QUANTITY_CHARS = 64
 
 
+_SHOWN = reprlib.Repr()  # attributes, not keywords: Python 3.11's Repr takes none
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
+
+
+def shown(value: object) -> str:
+    """A value quoted in a message, bounded: a list built from YAML aliases can be huge."""
+    return _SHOWN.repr(value)
+
+
 class QuantityError(ValueError):
     """A string that is not a Kubernetes quantity, or not a valid one for its use."""
 
@@ -50,7 +60,7 @@ def parse_quantity(text: str | int | float | Decimal) -> Decimal:
     if isinstance(text, float) and not math.isfinite(text):
         raise QuantityError(f"{text!r} is not a quantity")
     if not isinstance(text, (str, int, float, Decimal)):
-        raise QuantityError(f"{text!r} is not a quantity")
+        raise QuantityError(f"{shown(text)} is not a quantity")
     try:
         if isinstance(text, str):
             value = _parse_text(text)
@@ -59,7 +69,7 @@ def parse_quantity(text: str | int | float | Decimal) -> Decimal:
     except ArithmeticError:
         value = None
     if value is None or not value.is_finite() or abs(value) > MAX_QUANTITY:
-        raise QuantityError(f"{text!r} is out of range: a Kubernetes quantity is at most 2^63-1")
+        raise QuantityError(f"{shown(text)} is out of range: a Kubernetes quantity is at most 2^63-1")
     return value
 
 

@@ -23,7 +23,7 @@ from decimal import Decimal
 
 from . import defaults
 from .defaults import Runtime, ShimInfo
-from .quantity import MIB, format_cpu, format_memory, format_mib, format_vcpus
+from .quantity import MIB, format_cpu, format_memory, format_mib, format_vcpus, shown
 
 
 class Severity:
@@ -226,7 +226,7 @@ def read_drop_in(text: object, base: KataConfig, where: str) -> DropInReading:
             Severity.ERROR, Rule.DROP_IN_INVALID, where,
             f"{where} cannot be read: it must be a TOML string; Kata fails to load this "
             "configuration, so no pod of this class starts", f"correct the TOML in {where}",
-            _short(repr(text)), "valid TOML"))
+            shown(text), "valid TOML"))
         return DropInReading(None, problems)
     try:
         document = tomllib.loads(text, parse_float=_read_float)
