@@ -258,3 +258,38 @@ def test_any_values_of_the_charts_shape_audit_cleanly(values):
             # audit reports its findings on stdout (a table, or JSON).
             _run(["audit", path], reported_on_stdout=True)
             _run(["audit", "-o", "json", path], reported_on_stdout=True)
+
+
+# --- valid policy text with one value or line replaced by something hostile ----------------
+
+HOSTILE_VALUES = [
+    "&a [*a]", "*nowhere", "1" * 60, "1.0e+99999", '"\\n"', '"s\\n"', "' 1Gi'", '"\\u0663Gi"', "[" * 80,
+    "{a: 1, a: 2}", "!!binary AAAA", "!!python/object/apply:os.system ['true']", "0x" + "f" * 30, ".nan",
+    "-.inf", "~", "[]", "{}", "'0.49999999999999999999999999999'", "'1e5000'", "2001-01-01", "'9Ei'", "-1",
+    "'" + "x" * 300 + "'", "|\n  multi\n  line", "0o777", "1_000", "yes", "'\\t'",
+]
+
+
+@st.composite
+def hostile_policy_texts(draw) -> str:
+    lines = yaml.safe_dump(draw(valid_policies()), sort_keys=False).splitlines()
+    for _ in range(draw(st.integers(1, 3))):
+        index = draw(st.integers(0, len(lines) - 1))
+        line = lines[index]
+        hostile = draw(st.sampled_from(HOSTILE_VALUES))
+        if ": " in line and draw(st.booleans()):
+            key = line.split(": ", 1)[0]
+            lines[index] = f"{key}: {hostile}"
+        else:
+            indent = line[: len(line) - len(line.lstrip())]
+            lines.insert(index, f"{indent}{draw(st.sampled_from(['x', 'name', 'memory', 'cpu']))}: {hostile}")
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(text=hostile_policy_texts())
+def test_valid_policy_text_with_hostile_values_exits_cleanly(text):
+    with _file(text.encode(), "policy.yaml") as path:
+        for argv in (["validate", path, "--strict"], ["render", path, "--node-capacity", "64Gi", "--node-cpu", "8"],
+                     ["explain", path, "--class", "s", "--cpu", "1"]):
+            _run(argv)
