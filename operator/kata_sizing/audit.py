@@ -295,7 +295,7 @@ def _custom_candidates(values: dict, notes: list[str], findings: list[Finding]) 
         except bounded.InputError as exc:
             problem = str(exc).split(": ", 1)[-1]
             findings.append(Finding(str(name), textual or "?", Severity.ERROR, Rule.RUNTIME_CLASS_INVALID,
-                                    "not YAML", "a RuntimeClass", f"{path}.runtimeClass is not valid YAML: {problem}",
+                                    "not YAML", "a RuntimeClass", f"{path}.runtimeClass cannot be read as YAML: {problem}",
                                     f"write a full RuntimeClass YAML in {path}.runtimeClass"))
             continue
         if not isinstance(rc, dict) or not isinstance(rc.get("handler"), str) or not textual:
