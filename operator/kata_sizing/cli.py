@@ -114,6 +114,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .guidance import NodeFacts
     from .render import render_policy
 
+    _flag("--node-name", args.node_name)
     policies = load_policies(args.policy)
     nodes = None
     if args.node_capacity:
