@@ -222,6 +222,20 @@ class DesiredCache:
     by_child: dict[ObjKey, str] = field(default_factory=dict)
     # Drift already reported in Report mode: (key, resourceVersion), so it is said once.
     reported: set[tuple[ObjKey, str]] = field(default_factory=set)
+    # What was last posted as an Event, per (policy, reason): a pass that runs before the
+    # status saying so has come back through the watch must not post it again.
+    announced: dict[tuple[str, str], object] = field(default_factory=dict)
+
+    def first_time(self, policy_name: str, reason: str, what: object) -> bool:
+        """Record `what` as announced; False when it was the last thing announced."""
+        key = (policy_name, reason)
+        if not what:
+            self.announced.pop(key, None)
+            return False
+        if self.announced.get(key) == what:
+            return False
+        self.announced[key] = what
+        return True
 
     # Bumps when the set of RuntimeClass names some policy renders changes (not on every pass).
     version: int = 0
@@ -239,6 +253,7 @@ class DesiredCache:
 
     def drop(self, policy_name: str) -> Desired | None:
         old = self.by_policy.pop(policy_name, None)
+        self.announced = {k: v for k, v in self.announced.items() if k[0] != policy_name}
         if old:
             self._release(policy_name, {*old.owned, *old.guarded})
             self.version += 1
@@ -685,7 +700,8 @@ async def reconcile(
     applied.nodes = nodes_status(rendered) if nodes is not None else None
     if audit_findings is not None:
         applied.unmanaged = unmanaged_status(audit_findings)
-        if applied.unmanaged and applied.unmanaged != (body.get("status") or {}).get("unmanagedRuntimeClasses"):
+        if (applied.unmanaged != (body.get("status") or {}).get("unmanagedRuntimeClasses")
+                and cache.first_time(name, cond.EVENT_UNMANAGED, applied.unmanaged)):
             errors = [r for r in applied.unmanaged if r["severity"] == "error"]
             sink(ref, "Warning" if errors else "Normal", cond.EVENT_UNMANAGED, (
                 f"{len(applied.unmanaged)} finding(s) on Kata RuntimeClasses no policy manages "
@@ -693,10 +709,12 @@ async def reconcile(
                 f"{applied.unmanaged[0]['runtimeClass']}: {applied.unmanaged[0]['message']}"))
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
-    if applied.warnings and applied.warnings != (body.get("status") or {}).get("warnings"):
+    if applied.warnings != (body.get("status") or {}).get("warnings") and cache.first_time(
+            name, cond.EVENT_WARNING, applied.warnings):
         # Valid, but an administrator should hear of it once (docs/rules.md: status, events, validate).
         sink(ref, "Warning", cond.EVENT_WARNING, "; ".join(applied.warnings))
-    if applied.conflicts and not _conflict_already_said(body, applied.conflicts):
+    if not _conflict_already_said(body, applied.conflicts) and cache.first_time(
+            name, cond.EVENT_CONFLICT, "; ".join(applied.conflicts)):
         sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))
     await _write_status(api, name, body, compute_status(body, applied, sizing))
     return applied
