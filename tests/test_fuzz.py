@@ -148,6 +148,7 @@ def test_any_bytes_as_a_policy_file_exit_cleanly(data):
     with _file(data, "policy.yaml") as path:
         for argv in (["validate", path], ["render", path], ["explain", path, "--class", "s"]):
             _run(argv)
+        _run(["validate", path, "-o", "json"], reported_on_stdout=True)
 
 
 @FUZZ

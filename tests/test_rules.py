@@ -179,3 +179,24 @@ def test_rendered_values_carry_the_drop_in_the_rules_read(values_key) -> None:
         drop_in = values["customRuntimes"]["runtimes"][sized.runtime_class]["dropIn"]
         base = KataConfig.shipped(defaults.SHIMS["qemu-runtime-rs"])
         assert read_drop_in(drop_in, base, "d").config == sized.kata
+
+
+def test_validate_json_gives_each_problem_its_rule_id_and_fix(tmp_path, capsys) -> None:
+    import json
+
+    document = measured(overheadVcpus="0.5", overheadMemory="128Mi", defaultMemory="256Mi",
+                        podFixed={"cpu": "500m", "memory": "400Mi"})
+    assert main(["validate", write(tmp_path, document), "-o", "json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False
+    (problem,) = report["policies"][0]["problems"]
+    assert problem == {
+        "severity": "error", "rule": Rule.RUST_POD_FIXED_CPU, "path": "spec.classes[0] (s)",
+        "message": "podFixed.cpu 500m must be above overhead_vcpus 0.5: podFixed covers the guest side "
+                   "(overhead_vcpus) plus the host side",
+        "fix": "set spec.classes[0].podFixed.cpu to 550m (overhead_vcpus 0.5 + 50m host)",
+    }
+    bad = write(tmp_path, policy(nodes={"systemReserved": " 4Gi"}), "bad.yaml")
+    assert main(["validate", bad, "-o", "json"]) == 1
+    (schema,) = json.loads(capsys.readouterr().out)["problems"]
+    assert schema["rule"] == Rule.POLICY_SCHEMA and schema["path"] == "spec.nodes.systemReserved"

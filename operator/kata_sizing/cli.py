@@ -180,6 +180,8 @@ def _print_values_overlay(overlays: list[tuple[str, str]], output: str) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .sizing import size_policy
 
+    if args.output == "json":
+        return _validate_json(args, size_policy)
     policies = load_policies(args.policy)
     errors, warnings = [], []
     for policy in policies:
@@ -196,6 +198,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
     names = ", ".join(p.name for p in policies)
     print(f"valid: {names}")
     return EXIT_OK
+
+
+def _validate_json(args: argparse.Namespace, size_policy) -> int:
+    """Every problem with its severity, rule id, path, message and fix (docs/rules.md)."""
+    from .rules import Problem, Rule, Severity
+
+    try:
+        policies = load_policies(args.policy)
+    except PolicyError as exc:
+        # Schema problems are lines "file: path: message"; the rule is the policy schema.
+        problems = []
+        for line in exc.problems:
+            parts = line.split(": ", 2)
+            path, message = (parts[1], parts[2]) if len(parts) == 3 else ("(policy)", line)
+            problems.append(Problem(Severity.ERROR, Rule.POLICY_SCHEMA, path, message))
+        print(json.dumps({"valid": False, "policies": [], "problems": [p.as_dict() for p in problems]}, indent=2))
+        return EXIT_INVALID
+    report, failed = [], False
+    for policy in policies:
+        problems = size_policy(policy).problems
+        failed = failed or any(p.severity == Severity.ERROR or args.strict for p in problems)
+        report.append({"name": policy.name, "problems": [p.as_dict() for p in problems]})
+    print(json.dumps({"valid": not failed, "policies": report}, indent=2))
+    return EXIT_INVALID if failed else EXIT_OK
 
 
 def _flag(option: str, text: str | None) -> str | None:
@@ -420,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a policy against every rule")
     validate.add_argument("policy", metavar="POLICY.yaml")
     validate.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    validate.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                          help="json: every problem with its rule id and fix")
     validate.set_defaults(func=cmd_validate)
 
     calibrate = sub.add_parser("calibrate", help="fit the overhead function from survey rows")
