@@ -453,3 +453,21 @@ def test_cli_path_does_not_import_kopf_or_kubernetes(tmp_path):
                             env=_clean_env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"code": 0, "heavy": []}
+
+
+def test_plain_render_loads_neither_node_guidance_nor_builds_the_status_models(tmp_path):
+    # A cold `kata-sizing render` is mostly imports and model construction; what it does not
+    # need stays out (make bench's helm section shows the import profile).
+    probe = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from kata_sizing.cli import main
+        from kata_sizing import model
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = main(["render", {str(ROOT / "examples" / "qemu-runtime-rs.yaml")!r}])
+        built = [c.__name__ for c in (model.KataSizingPolicyStatus, model.Condition) if c.__pydantic_complete__]
+        print(json.dumps({{"code": code, "guidance": "kata_sizing.guidance" in sys.modules, "built": built}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            env=_clean_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"code": 0, "guidance": False, "built": []}

@@ -30,7 +30,7 @@ EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
 
 
-class _LiteralDumper(yaml.SafeDumper):
+class _LiteralDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml's emitter: same text, 5x faster
     """Multi-line strings (drop-ins, values.yaml) as readable `|` blocks."""
 
 
@@ -111,13 +111,14 @@ def _print_problems(lines: Sequence[str], prefix: str = "error") -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from .guidance import NodeFacts
     from .render import render_policy
 
     _flag("--node-name", args.node_name)
     policies = load_policies(args.policy)
     nodes = None
     if args.node_capacity:
+        from .guidance import NodeFacts
+
         nodes = [NodeFacts(
             name=args.node_name,
             capacity_memory_bytes=_limit("--node-capacity", args.node_capacity, memory_bytes),

@@ -489,7 +489,14 @@ class ObjectMeta(BaseModel):
         return value
 
 
-class Condition(_Model):
+class _Status(_Model):
+    """Status is written by the operator and never parsed from input (parse_policy drops it):
+    these models are built on first use (crdgen, the tests), not on every CLI run."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class Condition(_Status):
     """A Kubernetes condition: Valid, InSync, Conflict or Ready."""
 
     type: str = Field(description="Valid, InSync, Conflict or Ready.")
@@ -504,14 +511,14 @@ class Condition(_Model):
     )
 
 
-class LargestVm(_Model):
+class LargestVm(_Status):
     """The VM Kata boots for the largest pod of a class."""
 
     vcpus: int = Field(description="vCPUs at boot.")
     memory_mib: int = Field(alias="memoryMiB", description="VM memory, MiB.")
 
 
-class ClassStatus(_Model):
+class ClassStatus(_Status):
     """One sized class as applied."""
 
     name: str = Field(description="The class name.")
@@ -524,13 +531,13 @@ class ClassStatus(_Model):
     largest_vm: LargestVm = Field(description="The VM of the class's largest pod.")
 
 
-class NodesStatus(_Model):
+class NodesStatus(_Status):
     seen: int = Field(default=0, description="Nodes matching spec.nodes.selector.")
     groups: int = Field(default=0, description="Groups of identical nodes in the guidance ConfigMap.")
     with_warnings: int = Field(default=0, description="Nodes whose guidance carries a warning.")
 
 
-class OverheadStatus(_Model):
+class OverheadStatus(_Status):
     """The overhead function in effect: the policy's fields, a fit of its samples, or defaults."""
 
     guest_memory_base: str = Field(description="Memory the guest keeps whatever its size.")
@@ -542,7 +549,7 @@ class OverheadStatus(_Model):
     fitted: bool = Field(default=False, description="True when fitted from spec.overhead.samples.")
 
 
-class UnmanagedRuntimeClass(_Model):
+class UnmanagedRuntimeClass(_Status):
     """A RuntimeClass with a Kata handler that no policy manages, and what is wrong with it."""
 
     runtime_class: str = Field(description="The RuntimeClass name.")
@@ -553,7 +560,7 @@ class UnmanagedRuntimeClass(_Model):
     fix: str = Field(default="", description="How to fix it.")
 
 
-class KataSizingPolicyStatus(_Model):
+class KataSizingPolicyStatus(_Status):
     observed_generation: int | None = Field(
         default=None, description="The policy generation the operator last acted on."
     )
@@ -581,7 +588,8 @@ class KataSizingPolicy(_Model):
     kind: Literal["KataSizingPolicy"] = KIND
     metadata: ObjectMeta
     spec: KataSizingPolicySpec
-    status: KataSizingPolicyStatus | None = None
+    # Always None once parsed: status is the operator's output (KataSizingPolicyStatus).
+    status: None = None
 
     @model_validator(mode="after")
     def _names_fit(self) -> "KataSizingPolicy":

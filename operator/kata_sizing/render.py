@@ -14,14 +14,17 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 import yaml
 
-from .guidance import NodeFacts, NodeGroupGuidance, node_guidance
 from .model import API_VERSION, KIND, KataSizingPolicy
 from .quantity import format_cpu, format_mib
 from .sizing import ClassSizing, PolicySizing, Problem, size_policy
+
+if TYPE_CHECKING:  # guidance loads only when nodes are given (the CLI's default render has none)
+    from .guidance import NodeFacts, NodeGroupGuidance
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kata-sizing"
@@ -217,6 +220,8 @@ def render_policy(
     guidance: list[NodeGroupGuidance] = []
     problems = list(sizing.problems)
     if nodes is not None:
+        from .guidance import node_guidance
+
         guidance, guidance_problems = node_guidance(sizing, nodes)
         problems.extend(guidance_problems)
         data = {g.key + ".yaml": render_guidance_document(policy.name, g) for g in guidance}
