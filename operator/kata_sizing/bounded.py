@@ -1,5 +1,6 @@
 """Bounds on everything that enters from outside: files, stdin, CR bodies, AdmissionReviews,
-CSV, values files, RuntimeClass lists and CLI flags (docs/inputs.md).
+values files, RuntimeClass lists and CLI flags (docs/inputs.md; the survey CSV's own row and
+cell bounds are in calibrate.py).
 
 A policy is a few kilobytes; these bounds are far above any real input and far below what
 would exhaust memory or time. YAML is scanned event by event before any object is built,
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-
 import yaml
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -26,8 +25,6 @@ MAX_NODES = 200_000
 MAX_STRING_CHARS = 256 * 1024
 # Digits of a number written without quotes; 2^63-1 has 19.
 MAX_NUMBER_CHARS = 40
-MAX_CSV_ROWS = 10_000
-MAX_CSV_FIELD_CHARS = 64
 MAX_FLAG_CHARS = 256
 
 
@@ -182,12 +179,3 @@ def check_flag(option: str, text: str) -> str:
     if _CONTROL.search(text) or "\n" in text or "\r" in text or "\t" in text:
         raise InputError(f"{option}: {text[:40]!r} holds control characters")
     return text
-
-
-def lines_bounded(text: str, source: str) -> Iterator[tuple[int, str]]:
-    """(number, line) of a CSV text, with the CSV bounds."""
-    check_size(text, source)
-    for number, line in enumerate(text.splitlines(), start=1):
-        if number > MAX_CSV_ROWS + 1000:
-            raise InputError(f"{source}: more than {MAX_CSV_ROWS} rows")
-        yield number, line

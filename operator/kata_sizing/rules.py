@@ -51,7 +51,6 @@ class Rule:
     RUNTIME_SHIM_MISMATCH = "runtime-shim-mismatch"
     RUNTIME_CLASS_INVALID = "runtime-class-invalid"
     POLICY_SCHEMA = "policy-schema"
-    DUPLICATE_POLICY = "duplicate-policy-name"
     OVERHEAD_SAMPLES = "overhead-samples"
     NODE_RESERVATIONS = "node-reservations"
 
@@ -73,14 +72,6 @@ class Problem:
     def as_dict(self) -> dict:
         return {"severity": self.severity, "rule": self.rule, "path": self.path,
                 "message": self.message, "fix": self.fix}
-
-
-def errors(problems: list[Problem] | tuple[Problem, ...]) -> list[Problem]:
-    return [p for p in problems if p.severity == Severity.ERROR]
-
-
-def warnings(problems: list[Problem] | tuple[Problem, ...]) -> list[Problem]:
-    return [p for p in problems if p.severity == Severity.WARNING]
 
 
 # --- the Kata configuration --------------------------------------------------------------
