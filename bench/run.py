@@ -103,6 +103,7 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "core": bench_core,
     "guidance": _external("bench.guidance_bench", "bench_guidance"),
     "operator": _external("bench.operator_bench", "bench_operator"),
+    "fleet": _external("bench.fleet_bench", "bench_fleet"),
     # kata-sizing render against helm template of the kata-deploy chart (KATA_DEPLOY_CHART).
     "helm": _external("bench.helm_bench", "bench_helm"),
     "realserver": _external("bench.realserver_bench", "bench_realserver"),

@@ -484,22 +484,18 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         return lambda obj: labels(obj) and fields(obj) and obj.get('metadata', {}).get('name') == name
 
     def _serve_list(self, rtype: ResourceType, namespace: str | None, query: Mapping[str, str]) -> JsonObject:
-        items, resource_version = self.store.list(rtype, namespace, self._matcher(query))
-        metadata: JsonObject = {'resourceVersion': resource_version}
-        limit = int(query.get('limit') or 0)
-        offset = 0
+        limit = int(query.get('limit') or 0) or None
+        offset, token_version = 0, None
         if query.get('continue'):
             token = json.loads(base64.urlsafe_b64decode(query['continue']))
-            offset, metadata['resourceVersion'] = token['offset'], token['rv']
-        if limit:
-            remaining = items[offset + limit:]
-            items = items[offset:offset + limit]
-            if remaining:
-                token = json.dumps({'offset': offset + limit, 'rv': metadata['resourceVersion']})
-                metadata['continue'] = base64.urlsafe_b64encode(token.encode()).decode()
-                metadata['remainingItemCount'] = len(remaining)
-        else:
-            items = items[offset:]
+            offset, token_version = token['offset'], token['rv']
+        items, remaining, resource_version = self.store.list_page(
+            rtype, namespace, self._matcher(query), offset, limit)
+        metadata: JsonObject = {'resourceVersion': token_version or resource_version}
+        if limit and remaining:
+            token = json.dumps({'offset': offset + limit, 'rv': metadata['resourceVersion']})
+            metadata['continue'] = base64.urlsafe_b64encode(token.encode()).decode()
+            metadata['remainingItemCount'] = remaining
         return {'kind': f'{rtype.kind}List', 'apiVersion': rtype.api_version, 'metadata': metadata, 'items': items}
 
     async def _serve_watch(self, raw: aiohttp.web.BaseRequest, rtype: ResourceType,

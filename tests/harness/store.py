@@ -279,15 +279,28 @@ class ObjectStore:
 
     def list(
         self, rtype: ResourceType, namespace: str | None = None, matcher: Matcher | None = None,
+        offset: int = 0, limit: int | None = None,
     ) -> tuple[list[JsonObject], str]:
+        """Matching objects in (namespace, name) order; with `limit`, only that page is copied
+        (a page of 500 out of 100,000 pods must not copy all of them)."""
+        items, _, version = self.list_page(rtype, namespace, matcher, offset, limit)
+        return items, version
+
+    def list_page(
+        self, rtype: ResourceType, namespace: str | None = None, matcher: Matcher | None = None,
+        offset: int = 0, limit: int | None = None,
+    ) -> tuple[list[JsonObject], int, str]:
+        """(the page, how many matching objects follow it, the store's resourceVersion)."""
         with self.lock:
-            items = [
-                copy.deepcopy(obj) for (rkey, obj_namespace, _), obj in sorted(
+            matching = [
+                obj for (rkey, obj_namespace, _), obj in sorted(
                     self._objects.items(), key=lambda item: (item[0][1] or '', item[0][2]))
                 if rkey == rtype.key and namespace in (None, obj_namespace)
                 if matcher is None or matcher(obj)
             ]
-            return items, str(self._resource_version)
+            end = len(matching) if limit is None else offset + limit
+            page = [copy.deepcopy(obj) for obj in matching[offset:end]]
+            return page, max(0, len(matching) - end), str(self._resource_version)
 
     def open_watch(
         self, loop: asyncio.AbstractEventLoop, rtype: ResourceType, namespace: str | None, since: str | None,
