@@ -422,7 +422,7 @@ def test_liveness_probe_hits_kopfs_health_endpoint(operator_container: dict) -> 
 
 def test_container_resources(operator_container: dict) -> None:
     assert operator_container["resources"] == {
-        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "requests": {"cpu": "50m", "memory": "160Mi"},
         "limits": {"memory": "256Mi"},
     }
 
