@@ -21,6 +21,14 @@ def run(coro):
 # --- work queue -------------------------------------------------------------------------------
 
 
+async def drive(queue: WorkQueue, seconds: float) -> None:
+    """Run the queue's workers for a while, then stop them."""
+    task = asyncio.create_task(queue.run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def test_a_burst_of_adds_for_one_key_is_processed_once():
     async def scenario():
         seen = []
@@ -32,10 +40,7 @@ def test_a_burst_of_adds_for_one_key_is_processed_once():
         for _ in range(50):
             queue.add("a")
         queue.add("b")
-        task = asyncio.create_task(queue.run())
-        await asyncio.sleep(0.05)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await drive(queue, 0.05)
         return seen
 
     assert sorted(run(scenario())) == ["a", "b"]
@@ -81,13 +86,13 @@ def test_a_key_added_while_it_is_processed_runs_again_afterwards():
 
         queue = WorkQueue(process, workers=2)
         queue.add("k")
-        task = asyncio.create_task(queue.run())
-        await asyncio.sleep(0.01)
-        queue.add("k")  # the object changed again while being corrected
-        release.set()
-        await asyncio.sleep(0.05)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+
+        def changed_again() -> None:  # the object changed again while being corrected
+            queue.add("k")
+            release.set()
+
+        asyncio.get_running_loop().call_later(0.01, changed_again)
+        await drive(queue, 0.06)
         return runs
 
     assert run(scenario()) == ["k", "k"]
@@ -103,13 +108,9 @@ def test_the_queue_waits_for_its_gate():
 
         queue = WorkQueue(process, gate=gate.wait)
         queue.add("k")
-        task = asyncio.create_task(queue.run())
-        await asyncio.sleep(0.03)
-        before = list(seen)
-        gate.set()
-        await asyncio.sleep(0.03)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        asyncio.get_running_loop().call_later(0.03, lambda: before.extend(seen) or gate.set())
+        before: list = []
+        await drive(queue, 0.06)
         return before, seen
 
     assert run(scenario()) == ([], ["k"])
