@@ -209,3 +209,40 @@ def test_samples_that_cannot_be_fitted_make_the_policy_invalid(cluster):
     wait_observed(emu, NAME, Valid="False")
     assert "spec.overhead.samples" in condition(emu, NAME, "Valid")["message"]
     assert emu.objects("runtimeclasses").list() == []
+
+
+def _passes() -> float:
+    """Reconcile passes this process has run (the operator runs in this process's thread)."""
+    from kata_sizing import metrics
+
+    return sum(s.value for m in metrics.REGISTRY.collect() if m.name == "kata_sizing_reconciles"
+               for s in m.samples if s.name.endswith("_total"))
+
+
+def test_a_change_to_one_policys_runtime_class_makes_no_policy_reconcile(cluster, fast_guidance):
+    emu = cluster.emu
+    cluster.start()
+    for name in ("qemu-rs", "other"):
+        body = example()
+        body["metadata"]["name"] = name
+        body["spec"]["runtimeClass"]["namePrefix"] = f"kata-{name}"
+        cluster.create(body)
+        wait_observed(emu, name, Ready="True")
+    settle(emu, quiet_s=1.0)
+    before = _passes()
+
+    # A hand edit of one class: put back by the drift queue; neither policy's guidance timer
+    # (every 0.3 s here) takes it for a reason to reconcile.
+    rc = emu.objects("runtimeclasses").get("kata-qemu-rs-m")
+    rc["overhead"]["podFixed"]["memory"] = "1Mi"
+    emu.objects("runtimeclasses").put(rc)
+    wait_for(lambda: emu.objects("runtimeclasses").get("kata-qemu-rs-m")["overhead"]["podFixed"]["memory"] != "1Mi")
+    settle(emu, quiet_s=1.5)
+    assert _passes() == before
+
+    # A Kata RuntimeClass nobody manages changes the audit every policy reports: one pass each.
+    emu.objects("runtimeclasses").create({"metadata": {"name": "kata-qemu"}, "handler": "kata-qemu",
+                                          "overhead": {"podFixed": {"memory": "320Mi", "cpu": "250m"}}})
+    wait_for(lambda: all(status(emu, n).get("unmanagedRuntimeClasses") for n in ("qemu-rs", "other")), 5)
+    settle(emu, quiet_s=1.0)
+    assert _passes() == before + 2
