@@ -51,13 +51,14 @@ def test_render_examples_prints_applyable_documents(capsys, example):
     code, out, err = run(capsys, "render", example)
     assert code == 0
     documents = list(yaml.safe_load_all(out))
-    assert documents and all(d["apiVersion"] in ("v1", "node.k8s.io/v1") for d in documents)
+    assert documents and all(d["apiVersion"] in ("v1", "node.k8s.io/v1", "admissionregistration.k8s.io/v1")
+                             for d in documents)
     assert out.startswith("---\n")
     for line in _lines(err):
         assert line.startswith(("warning: ", "note: "))
 
 
-def test_render_prints_configmaps_then_runtime_classes(capsys):
+def test_render_prints_configmaps_then_runtime_classes_then_admission_policies(capsys):
     code, out, _ = run(capsys, "render", ROOT / "examples" / "qemu-runtime-rs.yaml")
     assert code == 0
     kinds_names = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out)]
@@ -68,6 +69,12 @@ def test_render_prints_configmaps_then_runtime_classes(capsys):
         ("RuntimeClass", "kata-qemu-rs-m"),
         ("RuntimeClass", "kata-qemu-rs-l"),
         ("RuntimeClass", "kata-qemu-rs-xl"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-qemu-rs-memory-limit"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-memory-limit"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-qemu-rs-envelope"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-envelope"),
+        ("MutatingAdmissionPolicy", "kata-sizing-qemu-rs-route"),
+        ("MutatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-route"),
     ]
 
 
@@ -99,7 +106,9 @@ def test_render_with_node_capacity_adds_guidance(capsys):
 def test_render_managed_by_kata_deploy_says_why_runtime_classes_are_missing(capsys):
     code, out, err = run(capsys, "render", ROOT / "examples" / "clh-snp-go.yaml")
     assert code == 0
-    assert {d["kind"] for d in yaml.safe_load_all(out)} == {"ConfigMap"}
+    assert {d["kind"] for d in yaml.safe_load_all(out)} - {
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding"} == {"ConfigMap"}
     assert _lines(err) == [
         "note: clh-snp: runtimeClass.managedBy is KataDeploy; the kata-deploy chart creates the "
         "RuntimeClasses from the values overlay, so they are not printed"
@@ -110,7 +119,7 @@ def test_render_reads_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text()))
     code, out, _ = run(capsys, "render", "-")
     assert code == 0
-    assert len(list(yaml.safe_load_all(out))) == 6
+    assert len(list(yaml.safe_load_all(out))) == 12
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -414,10 +423,9 @@ def test_calibrate_missing_file_exits_2(capsys, tmp_path):
 
 
 def test_usage_errors_exit_2(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["explain", str(ROOT / "examples" / "measured-classes.yaml")])
-    assert info.value.code == 2
-    assert "--class" in capsys.readouterr().err
+    code, _, err = run(capsys, "explain", str(ROOT / "examples" / "measured-classes.yaml"))
+    assert code == 2
+    assert "--class" in err and "--pod" in err
 
 
 # --- the installed console script ---------------------------------------------------------------

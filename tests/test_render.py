@@ -173,8 +173,11 @@ def test_owner_references_only_when_the_policy_has_a_uid():
 def test_managed_by_kata_deploy_leaves_runtime_classes_to_the_chart():
     operator = render_policy(_policy({"shim": "qemu-runtime-rs"}))
     chart = render_policy(_policy({"shim": "qemu-runtime-rs", "runtimeClass": {"managedBy": "KataDeploy"}}))
-    assert [o["kind"] for o in operator.objects()] == ["ConfigMap"] * 2 + ["RuntimeClass"] * 4
-    assert [o["kind"] for o in chart.objects()] == ["ConfigMap"] * 2
+    admission = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2 + [
+        "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
+    assert [o["kind"] for o in operator.objects()] == ["ConfigMap"] * 2 + ["RuntimeClass"] * 4 + admission
+    # The admission policies hold pods to their class whoever creates the RuntimeClasses.
+    assert [o["kind"] for o in chart.objects()] == ["ConfigMap"] * 2 + admission
     # The chart still gets every RuntimeClass, through the values overlay.
     assert len(yaml.safe_load(chart.values_yaml)["customRuntimes"]["runtimes"]) == 4
 

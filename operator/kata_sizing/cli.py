@@ -244,11 +244,53 @@ def _limit(option: str, text: str | None, parse) -> object:
         raise PolicyError([f"{option}: {exc}"]) from None
 
 
+def _policy_path(args: argparse.Namespace) -> str:
+    """POLICY.yaml, given as the positional argument or with --policy."""
+    given = [p for p in (args.policy, args.policy_file) if p]
+    if len(given) != 1:
+        raise InputError("give the policy file once: POLICY.yaml or --policy POLICY.yaml")
+    return given[0]
+
+
+def _chosen_policy(args: argparse.Namespace, path: str) -> KataSizingPolicy:
+    policies = load_policies(path)
+    if len(policies) > 1 and not args.policy_name:
+        names = ", ".join(p.name for p in policies)
+        raise PolicyError([f"{path} holds several policies ({names}); pick one with --policy-name"])
+    if args.policy_name:
+        chosen = [p for p in policies if p.name == args.policy_name]
+        if not chosen:
+            raise PolicyError([f"--policy-name: no policy {args.policy_name!r} in {path}"])
+        return chosen[0]
+    return policies[0]
+
+
+def _namespace_labels(args: argparse.Namespace) -> dict[str, str] | None:
+    from .model import label_key_problem, label_value_problem
+
+    if not args.namespace_label:
+        return None
+    labels = {}
+    for text in args.namespace_label:
+        _flag("--namespace-label", text)
+        key, sep, value = text.partition("=")
+        problem = (None if sep else f"{text!r} is not KEY=VALUE") or label_key_problem(key) or label_value_problem(value)
+        if problem:
+            raise PolicyError([f"--namespace-label: {problem}"])
+        labels[key] = value
+    return labels
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .sizing import SandboxRefused, explain_pod, size_policy
 
     _flag("--class", args.class_name)
     _flag("--policy-name", args.policy_name)
+    if args.pod:
+        return _explain_pods(args)
+    if args.class_name is None:
+        raise InputError("explain needs --class (with --cpu/--memory) or --pod POD.yaml")
+    args.policy = _policy_path(args)
     policies = load_policies(args.policy)
     if len(policies) > 1 and not args.policy_name:
         names = ", ".join(p.name for p in policies)
@@ -287,6 +329,106 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for warning in data["warnings"]:
         print(f"  warning: {warning}")
     return EXIT_OK
+
+
+def _explain_pods(args: argparse.Namespace) -> int:
+    """explain --pod: the class each pod lands in, its VM, what Kubernetes accounts and what the
+    admission policies say (podfit, the rule the API server runs as CEL)."""
+    from . import podfit
+    from .sizing import SandboxRefused, explain_pod, size_policy
+
+    if args.class_name or args.cpu or args.memory:
+        raise InputError("--pod takes the class and limits from the pod; drop --class/--cpu/--memory")
+    path = _policy_path(args)
+    policy = _chosen_policy(args, path)
+    sizing = size_policy(policy)
+    if sizing.errors:
+        raise PolicyError([str(p) for p in sizing.errors])
+    namespace_labels = _namespace_labels(args)
+    documents = [d for d in load_yaml_documents(args.pod) if d is not None]
+    reports, refused = [], False
+    for index, document in enumerate(documents):
+        where = args.pod + (f" (document {index + 1})" if len(documents) > 1 else "")
+        try:
+            spec = podfit.pod_spec_of(document)
+            limits = podfit.pod_limits(spec)
+            metadata = podfit.pod_metadata_of(document)
+        except podfit.PodInputError as exc:
+            raise InputError(f"{where}: {exc}") from None
+        namespace = str(metadata.get("namespace") or "default")
+        name = str(metadata.get("name") or metadata.get("generateName") or "")
+        runtime_class = spec.get("runtimeClassName") or ""
+        routed = False
+        scoped = policy.spec.admission.enabled and podfit.in_scope(policy, namespace, namespace_labels)
+        if not runtime_class and scoped and podfit.opted_in(metadata, policy.name, namespace_labels):
+            fit = podfit.route(limits, sizing)
+            if fit is not None:
+                runtime_class, routed = fit.runtime_class, True
+        findings = podfit.check_pod(document, sizing, namespace_labels, routed=True)
+        denied = [f for f in findings if f.action == "Deny"]
+        sized = next((c for c in sizing.classes if c.runtime_class == runtime_class), None)
+        report = {
+            "pod": {"kind": document.get("kind") or "Pod", "namespace": namespace, "name": name},
+            "policy": policy.name,
+            "limits": limits.as_dict(),
+            "runtimeClass": runtime_class or None,
+            "routed": routed,
+            "class": sized.name if sized else None,
+            "smallestFit": (lambda fit: fit.runtime_class if fit else None)(podfit.route(limits, sizing)),
+            "admission": {"allowed": not denied, "inScope": bool(scoped),
+                          "findings": [f.as_dict() for f in findings]},
+        }
+        if sized is not None:
+            cpu = Decimal(limits.cpu_millis) / 1000 if limits.cpu_millis is not None else None
+            try:
+                explanation = explain_pod(sizing, sized.name, cpu, limits.memory_bytes).as_dict()
+                report.update(vm=explanation["vm"], accounted=explanation["accounted"],
+                              warnings=explanation["warnings"], podFixed=sized.pod_fixed)
+            except SandboxRefused as exc:
+                report.update(vm=None, kataRefuses=str(exc))
+                refused = True
+        refused = refused or bool(denied)
+        reports.append(report)
+    if args.output == "json":
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    else:
+        for report in reports:
+            _print_pod_explanation(report)
+    return EXIT_INVALID if refused else EXIT_OK
+
+
+def _print_pod_explanation(report: dict) -> None:
+    pod = report["pod"]
+    limits = report["limits"]
+    print(f"{pod['kind']} {pod['namespace']}/{pod['name']} (policy {report['policy']})")
+    print(f"  limits (as Kubernetes computes them): cpu {limits['cpu']}, memory {limits['memory']}"
+          + (" (no memory limit on some container)" if limits["memoryLimitMissing"] else ""))
+    if report["runtimeClass"] is None:
+        print("  class:                no runtimeClassName and not routed by this policy"
+              + (f" (the smallest class that fits is {report['smallestFit']})" if report["smallestFit"] else ""))
+    elif report["class"] is None:
+        print(f"  class:                RuntimeClass {report['runtimeClass']} is not a class of this policy")
+    else:
+        how = ("routed (label katasizing.dev/policy): the smallest class that covers it" if report["routed"]
+               else "its runtimeClassName")
+        print(f"  class:                {report['runtimeClass']} (class {report['class']}; {how})")
+    if report.get("kataRefuses"):
+        print(f"  VM Kata boots:        none: Kata refuses this pod: {report['kataRefuses']}")
+    elif report.get("vm"):
+        print(f"  VM Kata boots:        {report['vm']['vcpus']} vCPUs, {report['vm']['memoryMiB']} MiB")
+        print(f"  Kubernetes accounts:  cpu {report['accounted']['cpu']}, memory {report['accounted']['memory']}"
+              f" (limits + podFixed {report['podFixed']['cpu']}/{report['podFixed']['memory']})")
+    admission = report["admission"]
+    if not admission["inScope"]:
+        print("  admission:            not checked (the namespace is outside spec.admission.namespaces)")
+    elif not admission["findings"]:
+        print("  admission:            admitted")
+    for finding in admission["findings"]:
+        verdict = {"Deny": "refused", "Warn": "admitted with a warning", "Audit": "admitted (audit log)"}[
+            finding["action"]]
+        print(f"  admission:            {verdict} [{finding['rule']}]: {finding['message']}")
+    for warning in report.get("warnings", []):
+        print(f"  warning: {warning}")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -339,6 +481,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from .audit import AuditError, audit_values, format_text, runtime_classes_from_documents
 
+    if args.pods:
+        return _audit_pods(args)
+    if args.values is None:
+        raise InputError("audit needs VALUES.yaml (a kata-deploy install) or --pods PODS.yaml --policy POLICY.yaml")
     documents = load_yaml_documents(args.values)
     if len(documents) != 1 or not isinstance(documents[0], dict):
         raise InputError(f"{args.values}: not a kata-deploy values file (one YAML mapping)")
@@ -355,6 +501,29 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         _print_problems(report.notes, "note")
         sys.stdout.write(format_text(report))
+    if report.errors or (args.strict and report.findings):
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _audit_pods(args: argparse.Namespace) -> int:
+    """audit --pods: stored pods against their class (podfit, the admission policies' rule)."""
+    from .audit import AuditError, audit_pods, format_pods_text, pods_from_documents
+
+    if args.values is not None or args.runtime_classes:
+        raise InputError("--pods audits pods against policies; give VALUES.yaml/RUNTIMECLASSES.yaml in a separate run")
+    if not args.policy:
+        raise InputError("--pods needs --policy POLICY.yaml (the classes the pods are held to)")
+    policies = [p for path in args.policy for p in load_policies(path)]
+    try:
+        pods = pods_from_documents(load_yaml_documents(args.pods), args.pods)
+        report = audit_pods(pods, policies)
+    except AuditError as exc:
+        raise InputError(str(exc)) from None
+    if args.output == "json":
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        sys.stdout.write(format_pods_text(report))
     if report.errors or (args.strict and report.findings):
         return EXIT_INVALID
     return EXIT_OK
@@ -436,8 +605,14 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=cmd_render)
 
     explain = sub.add_parser("explain", help="the VM Kata boots for a pod, and what Kubernetes accounts")
-    explain.add_argument("policy", metavar="POLICY.yaml")
-    explain.add_argument("--class", dest="class_name", required=True)
+    explain.add_argument("policy", metavar="POLICY.yaml", nargs="?")
+    explain.add_argument("--policy", dest="policy_file", metavar="POLICY.yaml", help="the policy (instead of POLICY.yaml)")
+    explain.add_argument("--class", dest="class_name")
+    explain.add_argument("--pod", metavar="POD.yaml",
+                         help="a Pod or workload (Deployment, StatefulSet, DaemonSet, Job, CronJob...): the class it "
+                              "lands in, its VM, what Kubernetes accounts and what admission says")
+    explain.add_argument("--namespace-label", action="append", default=[], metavar="KEY=VALUE",
+                         help="a label of the pod's namespace (for spec.admission.namespaces and routing)")
     explain.add_argument("--cpu", help="the pod's CPU limit, e.g. 1.5 or 1500m")
     explain.add_argument("--memory", help="the pod's memory limit, e.g. 600Mi")
     explain.add_argument("--policy-name", help="which policy, when the file holds several")
@@ -459,7 +634,10 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.set_defaults(func=cmd_calibrate)
 
     audit = sub.add_parser("audit", help="check an existing kata-deploy install's values and RuntimeClasses")
-    audit.add_argument("values", metavar="VALUES.yaml", help="kata-deploy Helm values ('-' for stdin)")
+    audit.add_argument("values", metavar="VALUES.yaml", nargs="?", help="kata-deploy Helm values ('-' for stdin)")
+    audit.add_argument("--pods", metavar="PODS.yaml",
+                       help="audit pods instead (kubectl get pods -A -o yaml) against --policy: the ones outside "
+                            "their class's envelope or without a memory limit, with counts per class")
     audit.add_argument("runtime_classes", metavar="RUNTIMECLASSES.yaml", nargs="*",
                        help="live RuntimeClasses (kubectl get runtimeclass -o yaml); they win over the values")
     audit.add_argument("-o", "--output", choices=("text", "json"), default="text")

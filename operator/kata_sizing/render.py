@@ -114,6 +114,8 @@ class Rendered:
     values_yaml: str
     guidance: list[NodeGroupGuidance] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # ValidatingAdmissionPolicies, the MutatingAdmissionPolicy and their bindings (podfit.py).
+    admission: list[dict] = field(default_factory=list)
 
     @property
     def creates_runtime_classes(self) -> bool:
@@ -122,7 +124,7 @@ class Rendered:
     def objects(self) -> list[dict]:
         """What the operator applies (and `kata-sizing render` prints), in apply order."""
         runtime_classes = self.runtime_classes if self.creates_runtime_classes else []
-        return [*self.configmaps, *runtime_classes]
+        return [*self.configmaps, *runtime_classes, *self.admission]
 
 
 def owner_reference(policy: KataSizingPolicy) -> list[dict]:
@@ -232,7 +234,29 @@ def render_policy(
             node_count=sum(len(g.nodes) for g in guidance),
         )
         configmaps.append(configmap(policy, names["guidance"], data))
-    return Rendered(sizing, runtime_classes, configmaps, drop_ins, values_yaml, guidance, problems)
+    return Rendered(sizing, runtime_classes, configmaps, drop_ins, values_yaml, guidance, problems,
+                    render_admission(sizing))
+
+
+def render_admission(sizing: PolicySizing) -> list[dict]:
+    """The admission objects of a policy (docs/admission.md), each policy before its binding:
+    the two ValidatingAdmissionPolicies (one per rule, since a binding's action applies to
+    every validation of its policy) and, unless spec.admission.routing is Webhook, the
+    MutatingAdmissionPolicy that routes opted-in pods. Same labels and ownerReference as the
+    RuntimeClasses."""
+    from . import podfit
+
+    policy = sizing.policy
+    if not policy.spec.admission.enabled or not sizing.classes:
+        return []
+    labels = policy_labels(policy)
+    owners = owner_reference(policy)
+
+    def document(api_version: str, kind: str, name: str, spec: dict) -> dict:
+        return _load(_render("admission.yaml.j2", api_version=api_version, kind=kind, name=name,
+                             labels=labels, owner_references=owners, spec=spec))
+
+    return [document(api_version, kind, name, spec) for api_version, kind, name, spec in podfit.admission_specs(sizing)]
 
 
 def render_guidance_document(policy_name: str, group: NodeGroupGuidance) -> str:

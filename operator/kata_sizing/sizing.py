@@ -429,7 +429,7 @@ def explain_pod(
             f"CPU limit {format_cpu(cpu_limit)} is above class {sized.name}'s envelope "
             f"{format_cpu(sized.envelope_cpu)}; use a larger class"
         )
-    if memory_limit_bytes is not None and memory_limit_bytes > sized.envelope_memory_mib * MIB:
+    if memory_limit_bytes is not None and memory_limit_bytes > sized.envelope_memory_bytes:
         warnings.append(
             f"memory limit {format_memory(memory_limit_bytes)} is above class {sized.name}'s "
             f"envelope {format_mib(sized.envelope_memory_mib)}; the guest budget may not cover "

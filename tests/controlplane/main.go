@@ -10,7 +10,8 @@
 // prints "controlplane ready" once /readyz answers ok, and stops everything on SIGTERM.
 // DIR/audit.log is the API server's audit log (JSON lines, level Metadata) of every request
 // made with the operator's identity: what the real authorizer allowed or refused (403), and
-// every write, for the tests to count.
+// every write, for the tests to count; and pod creations and resizes by anyone (where an
+// admission policy with the Audit action records its finding).
 // SIGUSR1 compacts etcd at its current revision, which expires every older watch (410).
 // The API server and controller manager run as child processes of this same binary
 // (their global flag and metric registries are not meant to share one process).
@@ -254,6 +255,10 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
   users: [%q]
+# Pod creations and resizes, whoever makes them: the admission policies' Audit action shows here.
+- level: Metadata
+  verbs: [create, patch, update]
+  resources: [{group: "", resources: [pods, pods/resize]}]
 - level: None
 `, saUser)
 	files := map[string]string{"admin.token": admin, "operator.token": operator, "audit-policy.yaml": auditPolicy}

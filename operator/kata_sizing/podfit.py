@@ -1,0 +1,681 @@
+"""Pods and their class: the one home of the pod-fit rule (docs/admission.md).
+
+A Kata pod must stay within the envelope of the class it runs in (the largest pod that
+class's podFixed was sized for) and must set a memory limit; a pod that opts in with the
+label `katasizing.dev/policy: <policy>` and no runtimeClassName is routed to the smallest
+class that covers it. The rule exists twice by necessity, and both copies are written here
+so that they cannot drift apart:
+
+- in Python (`pod_limits`, `check_pod`, `route`), for `kata-sizing explain --pod`,
+  `kata-sizing audit --pods`, the operator's audit of running pods and its webhook fallback;
+- as CEL for the API server (`admission_objects`): a ValidatingAdmissionPolicy per rule (a
+  binding's validationActions apply to every validation of its policy, and each rule has its
+  own action) and a MutatingAdmissionPolicy for the routing. tests/test_podfit.py runs a
+  table of pods through both, the CEL on the real API server.
+
+Effective limits are Kubernetes' own (k8s.io/component-helpers resource.PodLimits): the
+regular containers summed plus the restartable init containers (sidecars); the larger of that
+and, for each other init container, its limit plus the sidecars started before it; a
+pod-level `spec.resources.limits` entry replaces the aggregate for its resource. Only the
+limits that are set are summed, as the kubelet does when it sizes the sandbox (which is what
+Kata boots the VM from). A memory limit is *missing* when some container (init containers
+included) sets none or zero and there is no non-zero pod-level one: the kubelet then leaves
+the pod cgroup without a memory limit (pkg/kubelet/cm ResourceConfigForPod).
+
+Interface (used by the operator, the webhook, the CLI):
+
+- `pod_spec_of(obj) -> dict`: the pod spec of a Pod or of a workload's pod template.
+- `pod_limits(pod_or_spec) -> PodLimits`: effective limits (millicores, bytes; None: none set).
+- `route(limits, sizing) -> ClassSizing | None`: the smallest class whose envelope covers them.
+- `check_limits(limits, runtime_class, sizing, ...) -> list[PodFinding]`: the rule on figures.
+- `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
+- `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
+  applies (only runtimeClassName; see `route_patch`).
+- `admission_objects(sizing) -> list[dict]`: the VAPs, MAP and bindings, labelled, unowned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from .model import LabelSelector
+from .quantity import QuantityError, cpu_cores, memory_bytes, shown
+
+if TYPE_CHECKING:
+    from .model import KataSizingPolicy
+    from .sizing import ClassSizing, PolicySizing
+
+ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
+# The MutatingAdmissionPolicy version Kubernetes 1.37 serves: admissionregistration.k8s.io/v1
+# only (v1beta1 and v1alpha1 are off by default), checked on the real control plane by
+# tests/test_real_admission.py.
+MUTATING_API_VERSION = "admissionregistration.k8s.io/v1"
+POLICY_LABEL = "katasizing.dev/policy"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+RULE_MEMORY_LIMIT_MISSING = "pod-memory-limit-missing"
+RULE_ENVELOPE_EXCEEDED = "pod-envelope-exceeded"
+RULE_NOT_ROUTED = "pod-not-routed"
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "ReplicationController")
+
+
+class PodInputError(ValueError):
+    """A document that is not a Pod or a workload with a pod template, or unreadable limits."""
+
+
+# --- reading pods ----------------------------------------------------------------------------
+
+
+def pod_spec_of(obj: Mapping) -> dict:
+    """The pod spec of a Pod, a PodTemplate, a Deployment/StatefulSet/DaemonSet/ReplicaSet/Job
+    template, or a CronJob's job template."""
+    if not isinstance(obj, Mapping):
+        raise PodInputError(f"expected a mapping (a Pod or a workload), got {type(obj).__name__}")
+    kind = obj.get("kind")
+    spec = obj.get("spec")
+    if kind == "PodTemplate":
+        spec = {"template": obj.get("template")}
+        kind = "Deployment"
+    if kind == "CronJob":
+        spec = ((spec or {}).get("jobTemplate") or {}).get("spec") if isinstance(spec, Mapping) else None
+        kind = "Job"
+    if kind in WORKLOAD_KINDS:
+        template = spec.get("template") if isinstance(spec, Mapping) else None
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        where = "spec.jobTemplate.spec.template.spec" if obj.get("kind") == "CronJob" else "spec.template.spec"
+    elif kind in (None, "Pod"):
+        where = "spec"
+    else:
+        raise PodInputError(f"kind {shown(kind)} is not a Pod or a workload with a pod template "
+                            f"(Pod, {', '.join(WORKLOAD_KINDS)}, CronJob)")
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("containers"), list):
+        raise PodInputError(f"{where}.containers: missing; not a pod spec")
+    return dict(spec)
+
+
+def pod_metadata_of(obj: Mapping) -> dict:
+    """The metadata the pods of `obj` get (a workload's template metadata, else the object's)."""
+    kind = obj.get("kind")
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    if kind == "CronJob":
+        spec = ((spec.get("jobTemplate") or {}).get("spec") or {})
+    if kind in (*WORKLOAD_KINDS, "CronJob"):
+        meta = dict((spec.get("template") or {}).get("metadata") or {})
+        meta.setdefault("namespace", (obj.get("metadata") or {}).get("namespace"))
+        meta.setdefault("name", (obj.get("metadata") or {}).get("name"))
+        return meta
+    if kind == "PodTemplate":
+        meta = dict((obj.get("template") or {}).get("metadata") or {})
+        meta.setdefault("namespace", (obj.get("metadata") or {}).get("namespace"))
+        return meta
+    return dict(obj.get("metadata") or {})
+
+
+@dataclass(frozen=True)
+class PodLimits:
+    """A pod's effective limits, as Kubernetes computes them (see the module docstring).
+
+    `cpu_millis` / `memory_bytes`: the aggregate of the limits that are set, or None when no
+    container and no pod-level limit sets one. `memory_missing`: some container has no memory
+    limit (so the pod has none as a whole) and there is no pod-level one."""
+
+    cpu_millis: int | None
+    memory_bytes: int | None
+    memory_missing: bool
+
+    def as_dict(self) -> dict:
+        return {"cpu": show_cpu_millis(self.cpu_millis), "memory": show_memory_bytes(self.memory_bytes),
+                "memoryLimitMissing": self.memory_missing}
+
+
+def _limits_of(container: object, where: str) -> Mapping:
+    if not isinstance(container, Mapping):
+        raise PodInputError(f"{where}: not a container (a mapping)")
+    resources = container.get("resources")
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise PodInputError(f"{where}.resources: not a mapping")
+    limits = resources.get("limits")
+    if limits is None:
+        return {}
+    if not isinstance(limits, Mapping):
+        raise PodInputError(f"{where}.resources.limits: not a mapping")
+    return limits
+
+
+def _millis(value: object, where: str) -> int:
+    try:
+        return int(cpu_cores(value) * 1000)  # exact to the millicore, rounded up as Kubernetes does
+    except QuantityError as exc:
+        raise PodInputError(f"{where}: {exc}") from None
+
+
+def _bytes(value: object, where: str) -> int:
+    try:
+        return memory_bytes(value)
+    except QuantityError as exc:
+        raise PodInputError(f"{where}: {exc}") from None
+
+
+def _aggregate(containers: list[Mapping], inits: list[tuple[bool, Mapping]], key: str, parse,
+               paths: tuple[list[str], list[str]]) -> int | None:
+    present = False
+    regular = 0
+    for limits, where in zip(containers, paths[0]):
+        if key in limits:
+            present = True
+            regular += parse(limits[key], f"{where}.resources.limits.{key}")
+    sidecars = 0
+    peak = 0
+    for (sidecar, limits), where in zip(inits, paths[1]):
+        value = 0
+        if key in limits:
+            present = True
+            value = parse(limits[key], f"{where}.resources.limits.{key}")
+        if sidecar:
+            regular += value
+            sidecars += value
+        else:
+            peak = max(peak, value + sidecars)
+    return max(regular, peak) if present else None
+
+
+def pod_limits(pod_or_spec: Mapping) -> PodLimits:
+    """The effective limits of a Pod (a dict with `spec`) or of a pod spec (with `containers`)."""
+    if not isinstance(pod_or_spec, Mapping):
+        raise PodInputError("expected a Pod or a pod spec (a mapping)")
+    spec = pod_or_spec if "containers" in pod_or_spec else pod_spec_of(pod_or_spec)
+    containers = spec.get("containers") or []
+    if not isinstance(containers, list):
+        raise PodInputError("spec.containers: not a list")
+    init_containers = spec.get("initContainers") or []
+    if not isinstance(init_containers, list):
+        raise PodInputError("spec.initContainers: not a list")
+    container_paths = [f"spec.containers[{i}]" for i in range(len(containers))]
+    init_paths = [f"spec.initContainers[{i}]" for i in range(len(init_containers))]
+    regular = [_limits_of(c, p) for c, p in zip(containers, container_paths)]
+    inits = [(c.get("restartPolicy") == "Always", _limits_of(c, p)) for c, p in zip(init_containers, init_paths)]
+    pod_resources = spec.get("resources") or {}
+    if not isinstance(pod_resources, Mapping):
+        raise PodInputError("spec.resources: not a mapping")
+    pod_level = pod_resources.get("limits") or {}
+    if not isinstance(pod_level, Mapping):
+        raise PodInputError("spec.resources.limits: not a mapping")
+
+    paths = (container_paths, init_paths)
+    cpu = (_millis(pod_level["cpu"], "spec.resources.limits.cpu") if "cpu" in pod_level
+           else _aggregate(regular, inits, "cpu", _millis, paths))
+    memory = (_bytes(pod_level["memory"], "spec.resources.limits.memory") if "memory" in pod_level
+              else _aggregate(regular, inits, "memory", _bytes, paths))
+    every = [*regular, *(limits for _, limits in inits)]
+    container_missing = any(
+        "memory" not in limits or _bytes(limits["memory"], "resources.limits.memory") == 0 for limits in every)
+    pod_level_set = "memory" in pod_level and memory != 0
+    return PodLimits(cpu, memory, container_missing and not pod_level_set)
+
+
+# --- the rule ----------------------------------------------------------------------------------
+
+_MEMORY_UNITS = ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki"))
+
+
+def show_memory_bytes(size: int | None) -> str:
+    """Memory as the admission messages print it (the CEL does the same, see _CEL_MEMORY_TEXT)."""
+    if size is None:
+        return "none"
+    if size == 0:
+        return "0"
+    for factor, suffix in _MEMORY_UNITS:
+        if size % factor == 0:
+            return f"{size // factor}{suffix}"
+    return str(size)
+
+
+def show_cpu_millis(millis: int | None) -> str:
+    if millis is None:
+        return "none"
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def envelope_millis(sized: ClassSizing) -> int:
+    return int(sized.envelope_cpu * 1000)
+
+
+def envelope_bytes(sized: ClassSizing) -> int:
+    return sized.envelope_memory_bytes
+
+
+def covers(sized: ClassSizing, limits: PodLimits) -> bool:
+    """The class's envelope (spec.classes[].cpu / .memory) covers these limits."""
+    return ((limits.cpu_millis or 0) <= envelope_millis(sized)
+            and (limits.memory_bytes or 0) <= envelope_bytes(sized))
+
+
+def route(limits: PodLimits, sizing: PolicySizing) -> ClassSizing | None:
+    """The smallest class (first in the policy's order, which increases in memory) that covers
+    the limits, or None when none does."""
+    for sized in sizing.classes:
+        if covers(sized, limits):
+            return sized
+    return None
+
+
+def _envelope_text(sized: ClassSizing) -> str:
+    return f"cpu {show_cpu_millis(envelope_millis(sized))}, memory {show_memory_bytes(envelope_bytes(sized))}"
+
+
+def _fit_text(limits: PodLimits, sizing: PolicySizing) -> str:
+    fit = route(limits, sizing)
+    if fit is not None:
+        return f"the smallest class that fits is {fit.runtime_class}"
+    largest = sizing.classes[-1]
+    return (f"no class of policy {sizing.policy.name} fits (the largest is {largest.runtime_class}: "
+            f"{_envelope_text(largest)})")
+
+
+def _figures(limits: PodLimits) -> str:
+    return f"limits cpu {show_cpu_millis(limits.cpu_millis)}, memory {show_memory_bytes(limits.memory_bytes)}"
+
+
+@dataclass(frozen=True)
+class PodFinding:
+    namespace: str
+    name: str
+    runtime_class: str  # "" when the pod has none (a pod that opted in and was not routed)
+    class_name: str | None  # the policy's class of runtime_class
+    rule: str
+    action: str  # Deny, Warn or Audit: what spec.admission configures for the rule
+    message: str
+    smallest_fit: str | None  # the RuntimeClass of the smallest class that covers the pod
+    limits: PodLimits = field(compare=False, default=PodLimits(None, None, False))
+
+    @property
+    def is_error(self) -> bool:
+        return self.action == "Deny"
+
+    def as_dict(self) -> dict:
+        return {"namespace": self.namespace, "name": self.name, "runtimeClass": self.runtime_class,
+                "class": self.class_name, "rule": self.rule, "action": self.action, "message": self.message,
+                "smallestFit": self.smallest_fit, "limits": self.limits.as_dict()}
+
+
+def _who(namespace: str, name: str) -> str:
+    return f"pod {namespace}/{name}"
+
+
+def check_limits(limits: PodLimits, runtime_class: str, sizing: PolicySizing, namespace: str = "",
+                 name: str = "", opted_in: bool = False) -> list[PodFinding]:
+    """The rule on a pod's figures: empty when it fits its class, or when runtime_class is not
+    one of the policy's classes (and the pod did not opt in to be routed by this policy).
+    Namespace scope is the caller's (see `in_scope`)."""
+    admission = sizing.policy.spec.admission
+    fit = route(limits, sizing)
+    fit_name = fit.runtime_class if fit else None
+    who = _who(namespace, name)
+    by_runtime_class = {c.runtime_class: c for c in sizing.classes}
+    sized = by_runtime_class.get(runtime_class) if runtime_class else None
+    findings = []
+    if sized is not None:
+        if limits.memory_missing:
+            findings.append(PodFinding(
+                namespace, name, runtime_class, sized.name, RULE_MEMORY_LIMIT_MISSING,
+                admission.memory_limit_missing,
+                f"{who} on RuntimeClass {runtime_class} has no memory limit (a container without "
+                f"limits.memory and no pod-level limit): Kata sizes the VM from the limits that are set "
+                f"and Kubernetes accounts only those plus podFixed; set limits.memory ({_figures(limits)}; "
+                f"class {sized.name}: {_envelope_text(sized)}; {_fit_text(limits, sizing)})",
+                fit_name, limits))
+        if not covers(sized, limits):
+            findings.append(PodFinding(
+                namespace, name, runtime_class, sized.name, RULE_ENVELOPE_EXCEEDED,
+                admission.envelope_exceeded,
+                f"{who} on RuntimeClass {runtime_class}: {_figures(limits)} exceed class {sized.name} "
+                f"({_envelope_text(sized)}), whose podFixed does not cover the guest overhead of a VM "
+                f"that large; {_fit_text(limits, sizing)}",
+                fit_name, limits))
+    elif not runtime_class and opted_in:
+        reason = (f"the smallest class that fits, {fit_name}, was not set (is the routing installed?)"
+                  if fit else f"{_figures(limits)} fit no class ({_fit_text(limits, sizing)})")
+        findings.append(PodFinding(
+            namespace, name, "", None, RULE_NOT_ROUTED, admission.envelope_exceeded,
+            f"{who} asks for a class of policy {sizing.policy.name} (label {POLICY_LABEL}) and has no "
+            f"runtimeClassName: {reason}",
+            fit_name, limits))
+    return findings
+
+
+def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector semantics: every matchLabels pair and every expression holds."""
+    for key, value in selector.match_labels.items():
+        if labels.get(key) != value:
+            return False
+    for requirement in selector.match_expressions:
+        present = requirement.key in labels
+        value = labels.get(requirement.key)
+        values = requirement.values or []
+        if requirement.operator == "In" and not (present and value in values):
+            return False
+        if requirement.operator == "NotIn" and present and value in values:
+            return False
+        if requirement.operator == "Exists" and not present:
+            return False
+        if requirement.operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def in_scope(policy: KataSizingPolicy, namespace: str, namespace_labels: Mapping[str, str] | None = None) -> bool:
+    """The namespace is one spec.admission applies to. Without its labels, only the name is
+    known (the label kubernetes.io/metadata.name, which the API server sets on every namespace)."""
+    labels = dict(namespace_labels or {})
+    labels.setdefault(NAMESPACE_NAME_LABEL, namespace)
+    return selector_matches(namespace_selector(policy), labels)
+
+
+def namespace_selector(policy: KataSizingPolicy) -> LabelSelector:
+    """spec.admission.namespaces as one namespaceSelector (names become an In expression)."""
+    scope = policy.spec.admission.namespaces
+    selector = scope.selector or LabelSelector()
+    if scope.names:
+        from .model import LabelSelectorRequirement
+
+        selector = LabelSelector(
+            match_labels=selector.match_labels,
+            match_expressions=[*selector.match_expressions, LabelSelectorRequirement(
+                key=NAMESPACE_NAME_LABEL, operator="In", values=list(scope.names))],
+        )
+    return selector
+
+
+def opted_in(metadata: Mapping, policy_name: str, namespace_labels: Mapping[str, str] | None = None) -> bool:
+    labels = metadata.get("labels") or {}
+    return labels.get(POLICY_LABEL) == policy_name or (namespace_labels or {}).get(POLICY_LABEL) == policy_name
+
+
+def check_pod(pod: Mapping, sizing: PolicySizing, namespace_labels: Mapping[str, str] | None = None,
+              routed: bool = False) -> list[PodFinding]:
+    """What the admission policies of `sizing` say about this Pod (or workload template):
+    its findings, empty when it fits (or is not one of the policy's pods or namespaces).
+    `routed=True` first applies the routing, as the API server does before validating."""
+    policy = sizing.policy
+    if not policy.spec.admission.enabled:
+        return []
+    metadata = pod_metadata_of(pod)
+    namespace = str(metadata.get("namespace") or "default")
+    name = str(metadata.get("name") or metadata.get("generateName") or "")
+    if not in_scope(policy, namespace, namespace_labels):
+        return []
+    spec = pod_spec_of(pod)
+    limits = pod_limits(spec)
+    runtime_class = spec.get("runtimeClassName") or ""
+    wants = opted_in(metadata, policy.name, namespace_labels)
+    if routed and not runtime_class and wants:
+        fit = route(limits, sizing)
+        runtime_class = fit.runtime_class if fit else ""
+    return check_limits(limits, str(runtime_class), sizing, namespace, name, opted_in=wants)
+
+
+def route_patch(pod: Mapping, sizing: PolicySizing, namespace_labels: Mapping[str, str] | None = None) -> list[dict]:
+    """The JSON patch the routing applies to a Pod at CREATE: only `/spec/runtimeClassName`.
+
+    Nothing else: a mutation by an admission policy or webhook makes the API server run the
+    built-in mutating plugins again (reinvocation), and the RuntimeClass plugin then sets
+    spec.overhead to the class's podFixed and merges its nodeSelector and tolerations, exactly
+    as for a pod that named the class itself (proven on the real server). Setting
+    spec.overhead here as well would be refused if it differed by a byte."""
+    if not sizing.policy.spec.admission.enabled:
+        return []
+    metadata = pod_metadata_of(pod)
+    spec = pod_spec_of(pod)
+    namespace = str(metadata.get("namespace") or "default")
+    if spec.get("runtimeClassName") or not opted_in(metadata, sizing.policy.name, namespace_labels):
+        return []
+    if not in_scope(sizing.policy, namespace, namespace_labels):
+        return []
+    fit = route(pod_limits(spec), sizing)
+    if fit is None:
+        return []
+    return [{"op": "add", "path": "/spec/runtimeClassName", "value": fit.runtime_class}]
+
+
+# --- the same rule in CEL --------------------------------------------------------------------------
+
+
+def _cel_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel_list(items: Sequence[object]) -> str:
+    return "[" + ", ".join(_cel_string(i) if isinstance(i, str) else str(i) for i in items) + "]"
+
+
+def _cel_bytes(q: str) -> str:
+    # A whole number of bytes as int; a fraction rounds up as Kubernetes rounds it.
+    return (f"(quantity({q}).isInteger() ? quantity({q}).asInteger() : "
+            f"int(quantity({q}).asApproximateFloat()) + 1)")
+
+
+def _cel_millis(q: str) -> str:
+    # Whole cores exactly; otherwise millicores rounded up (the float is exact to well below
+    # a millicore for any CPU a node has; the tolerance absorbs its last-bit error).
+    return (f"(quantity({q}).isInteger() ? quantity({q}).asInteger() * 1000 : "
+            f"int(quantity({q}).asApproximateFloat() * 1000.0 - 0.0000001) + 1)")
+
+
+def _cel_aggregate(resource: str, per: str) -> list[tuple[str, str]]:
+    """Variables computing one resource's effective limit (`variables.<resource>`)."""
+    r = resource
+    conv = _cel_bytes if r == "memory" else _cel_millis
+    return [
+        (f"{r}Containers", f"variables.containerLimits.map(l, '{r}' in l ? {conv(f'l[{_cel_string(r)}]')} : 0)"),
+        (f"{r}Inits", f"variables.initLimits.map(l, '{r}' in l ? {conv(f'l[{_cel_string(r)}]')} : 0)"),
+        (f"{r}Regular",
+         f"variables.{r}Containers.sum() + lists.range(size(variables.{r}Inits))"
+         f".filter(i, variables.sidecars[i]).map(i, variables.{r}Inits[i]).sum()"),
+        (f"{r}InitPeak",
+         f"([0] + lists.range(size(variables.{r}Inits)).filter(i, !variables.sidecars[i])"
+         f".map(i, variables.{r}Inits[i] + lists.range(i).filter(k, variables.sidecars[k])"
+         f".map(k, variables.{r}Inits[k]).sum())).max()"),
+        (f"{r}Set",
+         f"'{r}' in variables.podLimits || variables.containerLimits.exists(l, '{r}' in l) || "
+         f"variables.initLimits.exists(l, '{r}' in l)"),
+        (r,
+         f"'{r}' in variables.podLimits ? {conv(f'variables.podLimits[{_cel_string(r)}]')} : "
+         f"(variables.{r}Regular > variables.{r}InitPeak ? variables.{r}Regular : variables.{r}InitPeak)"),
+    ]
+
+
+_CEL_MEMORY_TEXT = (
+    "!variables.memorySet ? 'none' : variables.memory == 0 ? '0' : "
+    + " : ".join(f"variables.memory % {factor} == 0 ? string(variables.memory / {factor}) + '{suffix}'"
+                 for factor, suffix in _MEMORY_UNITS)
+    + " : string(variables.memory)"
+)
+_CEL_CPU_TEXT = ("!variables.cpuSet ? 'none' : variables.cpu % 1000 == 0 ? string(variables.cpu / 1000) : "
+                 "string(variables.cpu) + 'm'")
+
+
+def cel_variables(sizing: PolicySizing) -> list[dict]:
+    """The VAP/MAP `variables`: the pod's effective limits and the policy's classes."""
+    classes = sizing.classes
+    largest = classes[-1]
+    variables = [
+        ("podLimits", "has(object.spec.resources) && has(object.spec.resources.limits) ? "
+                      "object.spec.resources.limits : {}"),
+        ("containerLimits", "object.spec.containers.map(c, has(c.resources) && has(c.resources.limits) ? "
+                            "c.resources.limits : {})"),
+        ("initLimits", "has(object.spec.initContainers) ? object.spec.initContainers.map(c, "
+                       "has(c.resources) && has(c.resources.limits) ? c.resources.limits : {}) : []"),
+        ("sidecars", "has(object.spec.initContainers) ? object.spec.initContainers.map(c, "
+                     "has(c.restartPolicy) && c.restartPolicy == 'Always') : []"),
+        *_cel_aggregate("cpu", "millis"),
+        *_cel_aggregate("memory", "bytes"),
+        ("memoryMissing",
+         "!('memory' in variables.podLimits && quantity(variables.podLimits['memory']).isGreaterThan(quantity('0'))) && "
+         "(variables.containerLimits.exists(l, !('memory' in l && quantity(l['memory']).isGreaterThan(quantity('0')))) || "
+         "variables.initLimits.exists(l, !('memory' in l && quantity(l['memory']).isGreaterThan(quantity('0')))))"),
+        ("classNames", _cel_list([c.name for c in classes])),
+        ("runtimeClasses", _cel_list([c.runtime_class for c in classes])),
+        ("classCpu", _cel_list([envelope_millis(c) for c in classes])),
+        ("classMemory", _cel_list([envelope_bytes(c) for c in classes])),
+        ("classEnvelopes", _cel_list([_envelope_text(c) for c in classes])),
+        ("fits", "lists.range(size(variables.classCpu)).filter(i, variables.cpu <= variables.classCpu[i] && "
+                 "variables.memory <= variables.classMemory[i])"),
+        ("own", "has(object.spec.runtimeClassName) ? "
+                "variables.runtimeClasses.indexOf(object.spec.runtimeClassName) : -1"),
+        # namespaceObject is null in matchConditions (the API server passes no namespace to
+        # them), so the namespace label is read here, in a variable.
+        ("optedIn", _cel_opted_in(sizing.policy.name)),
+        ("who", "'pod ' + request.namespace + '/' + (has(object.metadata.name) ? object.metadata.name : "
+                "(has(object.metadata.generateName) ? object.metadata.generateName : ''))"),
+        ("figures", f"'limits cpu ' + ({_CEL_CPU_TEXT}) + ', memory ' + ({_CEL_MEMORY_TEXT})"),
+        ("fitText",
+         "size(variables.fits) > 0 ? 'the smallest class that fits is ' + variables.runtimeClasses[variables.fits[0]] : "
+         + _cel_string(f"no class of policy {sizing.policy.name} fits (the largest is {largest.runtime_class}: "
+                       f"{_envelope_text(largest)})")),
+    ]
+    return [{"name": name, "expression": expression} for name, expression in variables]
+
+
+def _cel_in_class() -> str:
+    return "variables.own >= 0"
+
+
+def _cel_opted_in(policy_name: str) -> str:
+    label = _cel_string(POLICY_LABEL)
+    value = _cel_string(policy_name)
+    return (f"(has(object.metadata.labels) && {label} in object.metadata.labels && "
+            f"object.metadata.labels[{label}] == {value}) || "
+            f"(namespaceObject != null && has(namespaceObject.metadata.labels) && "
+            f"{label} in namespaceObject.metadata.labels && namespaceObject.metadata.labels[{label}] == {value})")
+
+
+def _match_condition_kata(sizing: PolicySizing) -> dict:
+    return {"name": "runs-in-a-class-of-this-policy",
+            "expression": f"has(object.spec.runtimeClassName) && object.spec.runtimeClassName in "
+                          f"{_cel_list([c.runtime_class for c in sizing.classes])}"}
+
+
+def _match_condition_without_class() -> dict:
+    return {"name": "without-a-runtime-class", "expression": "!has(object.spec.runtimeClassName)"}
+
+
+_POD_RULES = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+    # In-place resize (GA in 1.35) changes limits through this subresource only.
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/resize"]},
+]
+
+
+def admission_names(policy_name: str) -> dict[str, str]:
+    base = f"kata-sizing-{policy_name}"
+    return {"memory": f"{base}-memory-limit", "envelope": f"{base}-envelope", "route": f"{base}-route"}
+
+
+def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
+    """The validations of each VAP; their messages are check_limits' messages, word for word."""
+    name = sizing.policy.name
+    class_of = "variables.classNames[variables.own]"
+    envelope_of = "variables.classEnvelopes[variables.own]"
+    rc = "object.spec.runtimeClassName"
+    return {
+        "memory": [{
+            "expression": "!variables.memoryMissing",
+            "messageExpression": (
+                f"variables.who + ' on RuntimeClass ' + {rc} + ' has no memory limit (a container without "
+                "limits.memory and no pod-level limit): Kata sizes the VM from the limits that are set and "
+                "Kubernetes accounts only those plus podFixed; set limits.memory (' + variables.figures + "
+                f"'; class ' + {class_of} + ': ' + {envelope_of} + '; ' + variables.fitText + ')'"),
+            "reason": "Forbidden",
+        }],
+        "envelope": [
+            {
+                "expression": (f"!({_cel_in_class()}) || (variables.cpu <= variables.classCpu[variables.own] && "
+                               "variables.memory <= variables.classMemory[variables.own])"),
+                "messageExpression": (
+                    f"variables.who + ' on RuntimeClass ' + {rc} + ': ' + variables.figures + ' exceed class ' + "
+                    f"{class_of} + ' (' + {envelope_of} + '), whose podFixed does not cover the guest overhead "
+                    "of a VM that large; ' + variables.fitText"),
+                "reason": "Forbidden",
+            },
+            {
+                # Routing (the MutatingAdmissionPolicy, or the operator's webhook) ran before
+                # validation: an opted-in pod still without a class fits none, or was not routed.
+                "expression": "has(object.spec.runtimeClassName) || request.operation != 'CREATE' || "
+                              "!variables.optedIn",
+                "messageExpression": (
+                    "variables.who + ' asks for a class of policy " + name + " (label " + POLICY_LABEL +
+                    ") and has no runtimeClassName: ' + (size(variables.fits) > 0 ? 'the smallest class that "
+                    "fits, ' + variables.runtimeClasses[variables.fits[0]] + ', was not set (is the routing "
+                    "installed?)' : variables.figures + ' fit no class (' + variables.fitText + ')')"),
+                "reason": "Forbidden",
+            },
+        ],
+    }
+
+
+def _selector_dict(selector: LabelSelector) -> dict:
+    return selector.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+
+
+def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
+    """(apiVersion, kind, name, spec) of each admission object of a policy, in apply order."""
+    policy = sizing.policy
+    admission = policy.spec.admission
+    names = admission_names(policy.name)
+    variables = cel_variables(sizing)
+    checks = validations(sizing)
+    selector = _selector_dict(namespace_selector(policy))
+    match_resources = {"matchResources": {"namespaceSelector": selector}} if selector else {}
+    kata = _match_condition_kata(sizing)
+    without_class = _match_condition_without_class()
+    objects = []
+    for key, action, conditions in (
+        ("memory", admission.memory_limit_missing, [kata]),
+        ("envelope", admission.envelope_exceeded, [{
+            "name": "runs-in-a-class-of-this-policy-or-has-none",
+            "expression": f"!has(object.spec.runtimeClassName) || ({kata['expression']})"}]),
+    ):
+        objects.append((ADMISSION_API_VERSION, "ValidatingAdmissionPolicy", names[key], {
+            # A CEL error refuses the pod under Deny and warns under Warn: never a silent pass.
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": _POD_RULES},
+            "matchConditions": conditions,
+            "variables": variables,
+            "validations": checks[key],
+        }))
+        objects.append((ADMISSION_API_VERSION, "ValidatingAdmissionPolicyBinding", names[key], {
+            "policyName": names[key], "validationActions": [action], **match_resources,
+        }))
+    if admission.routing != "Webhook":
+        objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicy", names["route"], {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [_POD_RULES[0]]},
+            "matchConditions": [without_class],
+            "variables": variables,
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {"expression": (
+                    "variables.optedIn && size(variables.fits) > 0 ? Object{spec: Object.spec{runtimeClassName: "
+                    "variables.runtimeClasses[variables.fits[0]]}} : Object{}")},
+            }],
+            # The API server runs its built-in mutating plugins again after this mutation, so
+            # the RuntimeClass plugin sets overhead and scheduling for the routed class.
+            "reinvocationPolicy": "Never",
+        }))
+        objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicyBinding", names["route"], {
+            "policyName": names["route"], **match_resources,
+        }))
+    return objects
+
+
+def admission_objects(sizing: PolicySizing) -> list[dict]:
+    """The admission objects as `kata-sizing render` prints them and the operator applies them."""
+    from .render import render_admission
+
+    return render_admission(sizing)

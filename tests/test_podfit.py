@@ -1,0 +1,302 @@
+"""podfit: a table of pods through the Python rule (tests/test_real_admission.py runs the same
+table through the CEL on the real API server and compares the two verdicts pod by pod)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kata_sizing import podfit
+from kata_sizing.model import PolicyError, parse_policy
+from kata_sizing.render import render_policy
+from kata_sizing.sizing import size_policy
+
+GI = 1024**3
+MI = 1024**2
+
+# Two classes with different CPU and memory steps, and a namespace scope.
+POLICY = {
+    "apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy",
+    "metadata": {"name": "fit"},
+    "spec": {
+        "shim": "qemu-runtime-rs",
+        "classes": [{"name": "s", "cpu": "1", "memory": "1Gi"},
+                    {"name": "m", "cpu": "2", "memory": "4Gi"},
+                    {"name": "l", "cpu": "4", "memory": "16Gi"}],
+        "admission": {"namespaces": {"names": ["fit-in", "fit-routed"]}},
+    },
+}
+IN, OUT, ROUTED = "fit-in", "fit-out", "fit-routed"
+
+
+def sizing_of(spec_changes: dict | None = None):
+    body = json.loads(json.dumps(POLICY))
+    body["spec"]["admission"].update(spec_changes or {})
+    return size_policy(parse_policy(body))
+
+
+def limits(cpu: str | None = None, memory: str | None = None) -> dict:
+    values = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    return {"resources": {"limits": values}} if values else {}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One pod of the table and what the rule says about it."""
+
+    name: str
+    containers: tuple[dict, ...]
+    expect_cpu: int | None
+    expect_memory: int | None
+    rules: frozenset[str] = frozenset()
+    runtime_class: str | None = "kata-fit-s"
+    init_containers: tuple[dict, ...] = ()
+    pod_limits: dict | None = None
+    namespace: str = IN
+    labels: dict = field(default_factory=dict)
+    smallest_fit: str | None = "kata-fit-s"
+
+    def pod(self) -> dict:
+        spec: dict = {"containers": [{"name": f"c{i}", "image": "registry.k8s.io/pause:3.10", **c}
+                                     for i, c in enumerate(self.containers)]}
+        if self.init_containers:
+            spec["initContainers"] = [{"name": f"i{i}", "image": "registry.k8s.io/pause:3.10", **c}
+                                      for i, c in enumerate(self.init_containers)]
+        if self.pod_limits is not None:
+            spec["resources"] = {"limits": self.pod_limits}
+        if self.runtime_class:
+            spec["runtimeClassName"] = self.runtime_class
+        metadata = {"name": self.name, "namespace": self.namespace, **({"labels": self.labels} if self.labels else {})}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+MISSING, EXCEEDED, NOT_ROUTED = podfit.RULE_MEMORY_LIMIT_MISSING, podfit.RULE_ENVELOPE_EXCEEDED, podfit.RULE_NOT_ROUTED
+SIDECAR = {"restartPolicy": "Always"}
+
+CASES = [
+    Case("at-envelope", (limits("1", "1Gi"),), 1000, GI),
+    Case("one-byte-above", (limits("1", str(GI + 1)),), 1000, GI + 1, frozenset({EXCEEDED}), smallest_fit="kata-fit-m"),
+    Case("one-millicore-above", (limits("1001m", "1Gi"),), 1001, GI, frozenset({EXCEEDED}), smallest_fit="kata-fit-m"),
+    Case("sub-millicore-above", (limits("1000500u", "1Gi"),), 1001, GI, frozenset({EXCEEDED}),
+         smallest_fit="kata-fit-m"),
+    Case("fractional-cores", (limits("0.5", "512Mi"),), 500, 512 * MI),
+    Case("no-limits", ({},), None, None, frozenset({MISSING})),
+    Case("cpu-only", (limits("500m"),), 500, None, frozenset({MISSING})),
+    Case("memory-only", (limits(memory="1Gi"),), None, GI),
+    Case("zero-memory-limit", (limits("1", "0"),), 1000, 0, frozenset({MISSING})),
+    Case("two-containers-at-envelope", (limits("500m", "512Mi"), limits("500m", "512Mi")), 1000, GI),
+    Case("two-containers-above", (limits("500m", "512Mi"), limits("500m", "513Mi")), 1000, GI + MI,
+         frozenset({EXCEEDED}), smallest_fit="kata-fit-m"),
+    Case("second-container-without-memory", (limits("500m", "3Gi"), limits("100m")), 600, 3 * GI,
+         frozenset({MISSING, EXCEEDED}), smallest_fit="kata-fit-m"),
+    Case("init-container-is-the-peak", (limits("500m", "512Mi"),), 1500, 2 * GI, frozenset({EXCEEDED}),
+         init_containers=(limits("1500m", "2Gi"),), smallest_fit="kata-fit-m"),
+    Case("init-container-below-the-containers", (limits("1", "1Gi"),), 1000, GI,
+         init_containers=(limits("1", "1Gi"),)),
+    Case("init-container-without-memory", (limits("1", "1Gi"),), 1000, GI, frozenset({MISSING}),
+         init_containers=(limits("100m"),)),
+    Case("sidecar-adds-up-to-the-envelope", (limits("750m", "768Mi"),), 1000, GI,
+         init_containers=({**SIDECAR, **limits("250m", "256Mi")},)),
+    Case("sidecar-one-mebibyte-over", (limits("750m", "768Mi"),), 1000, GI + MI, frozenset({EXCEEDED}),
+         init_containers=({**SIDECAR, **limits("250m", "257Mi")},), smallest_fit="kata-fit-m"),
+    Case("init-after-a-sidecar-counts-it", (limits("100m", "100Mi"),), 1100, 1112 * MI, frozenset({EXCEEDED}),
+         init_containers=({**SIDECAR, **limits("500m", "512Mi")}, limits("600m", "600Mi")),
+         smallest_fit="kata-fit-m"),
+    Case("init-before-a-sidecar-does-not", (limits("100m", "100Mi"),), 600, 612 * MI,
+         init_containers=(limits("600m", "600Mi"), {**SIDECAR, **limits("500m", "512Mi")})),
+    Case("pod-level-limits-at-envelope", ({},), 1000, GI, pod_limits={"cpu": "1", "memory": "1Gi"}),
+    Case("pod-level-memory-above", (limits("500m", "512Mi"),), 500, 2 * GI, frozenset({EXCEEDED}),
+         pod_limits={"memory": "2Gi"}, smallest_fit="kata-fit-m"),
+    Case("class-m-at-its-envelope", (limits("2", "4Gi"),), 2000, 4 * GI, runtime_class="kata-fit-m",
+         smallest_fit="kata-fit-m"),
+    Case("cpu-needs-l-memory-fits-s", (limits("3", "1Gi"),), 3000, GI, frozenset({EXCEEDED}),
+         runtime_class="kata-fit-m", smallest_fit="kata-fit-l"),
+    Case("fits-no-class", (limits("5", "1Gi"),), 5000, GI, frozenset({EXCEEDED}), runtime_class="kata-fit-l",
+         smallest_fit=None),
+    Case("larger-class-than-needed", (limits("1", "1Gi"),), 1000, GI, runtime_class="kata-fit-l"),
+    Case("no-runtime-class", (limits("8", "32Gi"),), 8000, 32 * GI, runtime_class=None, smallest_fit=None),
+    Case("out-of-scope-namespace", (limits("8", "32Gi"),), 8000, 32 * GI, namespace=OUT, smallest_fit=None),
+    Case("out-of-scope-without-limits", ({},), None, None, namespace=OUT),
+]
+CASE_IDS = [c.name for c in CASES]
+
+
+def findings_of(case: Case, sizing=None) -> list[podfit.PodFinding]:
+    return podfit.check_pod(case.pod(), sizing or sizing_of())
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_effective_limits(case: Case) -> None:
+    got = podfit.pod_limits(case.pod())
+    assert (got.cpu_millis, got.memory_bytes) == (case.expect_cpu, case.expect_memory)
+    assert got.memory_missing == (MISSING in case.rules or case.name == "out-of-scope-without-limits")
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_rule_verdict(case: Case) -> None:
+    findings = findings_of(case)
+    assert {f.rule for f in findings} == case.rules
+    for finding in findings:
+        assert finding.smallest_fit == case.smallest_fit
+        assert finding.namespace == case.namespace and finding.name == case.name
+        assert finding.action == ("Warn" if finding.rule == MISSING else "Deny")
+        assert f"pod {case.namespace}/{case.name}" in finding.message
+
+
+def test_messages_name_the_figures_the_envelope_and_the_smallest_fit() -> None:
+    by_name = {c.name: c for c in CASES}
+    [finding] = findings_of(by_name["one-byte-above"])
+    assert finding.message == (
+        "pod fit-in/one-byte-above on RuntimeClass kata-fit-s: limits cpu 1, memory 1073741825 exceed class s "
+        "(cpu 1, memory 1Gi), whose podFixed does not cover the guest overhead of a VM that large; "
+        "the smallest class that fits is kata-fit-m")
+    [finding] = findings_of(by_name["fits-no-class"])
+    assert finding.message.endswith("no class of policy fit fits (the largest is kata-fit-l: cpu 4, memory 16Gi)")
+    [finding] = findings_of(by_name["cpu-only"])
+    assert "has no memory limit" in finding.message and "limits cpu 500m, memory none" in finding.message
+
+
+@pytest.mark.parametrize("cpu, memory, expected", [
+    ("1", "1Gi", "kata-fit-s"),
+    ("1", str(GI + 1), "kata-fit-m"),
+    ("1001m", "1Gi", "kata-fit-m"),
+    ("2", "4Gi", "kata-fit-m"),
+    ("2001m", "4Gi", "kata-fit-l"),
+    ("2", str(4 * GI + 1), "kata-fit-l"),
+    ("4", "16Gi", "kata-fit-l"),
+    ("4001m", "16Gi", None),
+    ("4", str(16 * GI + 1), None),
+    (None, None, "kata-fit-s"),
+])
+def test_route_picks_the_smallest_class_at_every_boundary(cpu, memory, expected) -> None:
+    sizing = sizing_of()
+    fit = podfit.route(podfit.pod_limits({"containers": [limits(cpu, memory)]}), sizing)
+    assert (fit.runtime_class if fit else None) == expected
+    pod = Case("r", (limits(cpu, memory),), None, None, runtime_class=None, namespace=ROUTED,
+               labels={podfit.POLICY_LABEL: "fit"}).pod()
+    patch = podfit.route_patch(pod, sizing)
+    assert patch == ([{"op": "add", "path": "/spec/runtimeClassName", "value": expected}] if expected else [])
+    routed = podfit.check_pod(pod, sizing, routed=True)
+    assert [f.rule for f in routed] == ([NOT_ROUTED] if expected is None else [MISSING] if cpu is None else [])
+
+
+def test_routing_needs_the_label_with_this_policys_name_or_the_namespace_label() -> None:
+    sizing = sizing_of()
+    pod = Case("r", (limits("1", "1Gi"),), None, None, runtime_class=None, namespace=ROUTED).pod()
+    assert podfit.route_patch(pod, sizing) == []
+    assert podfit.route_patch(pod, sizing, namespace_labels={podfit.POLICY_LABEL: "fit"})
+    pod["metadata"]["labels"] = {podfit.POLICY_LABEL: "other"}
+    assert podfit.route_patch(pod, sizing) == []
+    pod["spec"]["runtimeClassName"] = "kata-fit-m"
+    pod["metadata"]["labels"] = {podfit.POLICY_LABEL: "fit"}
+    assert podfit.route_patch(pod, sizing) == []
+
+
+def test_an_unrouted_opted_in_pod_is_refused_with_the_reason() -> None:
+    sizing = sizing_of()
+    pod = Case("r", (limits("1", "1Gi"),), None, None, runtime_class=None, namespace=ROUTED,
+               labels={podfit.POLICY_LABEL: "fit"}).pod()
+    [finding] = podfit.check_pod(pod, sizing)
+    assert finding.rule == NOT_ROUTED and finding.action == "Deny"
+    assert "the smallest class that fits, kata-fit-s, was not set" in finding.message
+
+
+def test_actions_and_namespaces_come_from_spec_admission() -> None:
+    sizing = sizing_of({"memoryLimitMissing": "Deny", "envelopeExceeded": "Audit",
+                        "namespaces": {"selector": {"matchLabels": {"team": "a"}}}})
+    case = {c.name: c for c in CASES}["second-container-without-memory"]
+    assert podfit.check_pod(case.pod(), sizing) == []  # namespace without the label
+    findings = podfit.check_pod(case.pod(), sizing, namespace_labels={"team": "a"})
+    assert {(f.rule, f.action) for f in findings} == {(MISSING, "Deny"), (EXCEEDED, "Audit")}
+    disabled = sizing_of({"enabled": False})
+    assert podfit.check_pod(case.pod(), disabled) == []
+    assert render_policy(disabled.policy).admission == []
+
+
+@pytest.mark.parametrize("kind, wrap", [
+    ("Deployment", lambda spec, meta: {"spec": {"template": {"metadata": meta, "spec": spec}}}),
+    ("StatefulSet", lambda spec, meta: {"spec": {"template": {"metadata": meta, "spec": spec}}}),
+    ("DaemonSet", lambda spec, meta: {"spec": {"template": {"metadata": meta, "spec": spec}}}),
+    ("ReplicaSet", lambda spec, meta: {"spec": {"template": {"metadata": meta, "spec": spec}}}),
+    ("Job", lambda spec, meta: {"spec": {"template": {"metadata": meta, "spec": spec}}}),
+    ("CronJob", lambda spec, meta: {"spec": {"jobTemplate": {"spec": {"template": {"metadata": meta, "spec": spec}}}}}),
+])
+def test_workload_templates_are_read_like_pods(kind, wrap) -> None:
+    pod = {c.name: c for c in CASES}["init-after-a-sidecar-counts-it"].pod()
+    workload = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w", "namespace": IN},
+                **wrap(pod["spec"], {"labels": {"app": "w"}})}
+    assert podfit.pod_spec_of(workload) == pod["spec"]
+    [finding] = podfit.check_pod(workload, sizing_of())
+    assert finding.rule == EXCEEDED and finding.name == "w" and finding.namespace == IN
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"kind": "Service", "spec": {}}, "is not a Pod or a workload"),
+    ({"kind": "Pod", "spec": {}}, "spec.containers: missing"),
+    ({"kind": "Deployment", "spec": {"template": {}}}, "spec.template.spec.containers: missing"),
+    ({"kind": "Pod", "spec": {"containers": [{"resources": {"limits": {"memory": "5Zi"}}}]}},
+     "spec.containers[0].resources.limits.memory: '5Zi' is not a Kubernetes quantity"),
+    ({"kind": "Pod", "spec": {"containers": [{"resources": {"limits": ["x"]}}]}},
+     "spec.containers[0].resources.limits: not a mapping"),
+])
+def test_unreadable_pods_name_the_field(document, message) -> None:
+    with pytest.raises(podfit.PodInputError, match=None) as caught:
+        podfit.pod_limits(document)
+    assert message in str(caught.value)
+
+
+def test_spec_admission_is_validated() -> None:
+    body = json.loads(json.dumps(POLICY))
+    body["spec"]["admission"] = {"envelopeExceeded": "Refuse", "namespaces": {"names": ["Not_A_Name"]}}
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(body)
+    text = "\n".join(caught.value.problems)
+    assert "spec.admission.envelopeExceeded" in text and "spec.admission.namespaces.names" in text
+
+
+def test_rendered_admission_objects() -> None:
+    rendered = render_policy(parse_policy(POLICY))
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in rendered.admission]
+    assert kinds == [
+        ("ValidatingAdmissionPolicy", "kata-sizing-fit-memory-limit"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-memory-limit"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-fit-envelope"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-envelope"),
+        ("MutatingAdmissionPolicy", "kata-sizing-fit-route"),
+        ("MutatingAdmissionPolicyBinding", "kata-sizing-fit-route"),
+    ]
+    for obj in rendered.admission:
+        assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kata-sizing",
+                                             "katasizing.dev/policy": "fit"}
+        assert "ownerReferences" not in obj["metadata"]
+    bindings = {o["metadata"]["name"]: o["spec"] for o in rendered.admission if o["kind"].endswith("Binding")}
+    assert bindings["kata-sizing-fit-memory-limit"]["validationActions"] == ["Warn"]
+    assert bindings["kata-sizing-fit-envelope"]["validationActions"] == ["Deny"]
+    assert bindings["kata-sizing-fit-route"]["matchResources"]["namespaceSelector"] == {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                              "values": ["fit-in", "fit-routed"]}]}
+    assert rendered.objects()[-len(rendered.admission):] == rendered.admission
+    webhook = render_policy(parse_policy({**POLICY, "spec": {**POLICY["spec"], "admission": {"routing": "Webhook"}}}))
+    assert [o["kind"] for o in webhook.admission if "Mutating" in o["kind"]] == []
+
+
+def test_owned_like_the_runtime_classes_when_the_policy_has_a_uid() -> None:
+    body = json.loads(json.dumps(POLICY))
+    body["metadata"]["uid"] = "0b7d6a51-3c1f-4e8e-a3a5-2f1d9c0e7b11"
+    rendered = render_policy(parse_policy(body))
+    owners = rendered.runtime_classes[0]["metadata"]["ownerReferences"]
+    assert all(o["metadata"]["ownerReferences"] == owners for o in rendered.admission)
+
+
+def test_admission_objects_pass_the_kubernetes_schemas_strictly() -> None:
+    import kubernetes_validate
+
+    version = ".".join(kubernetes_validate.latest_version().split(".")[:2])
+    for obj in render_policy(parse_policy(POLICY)).admission:
+        kubernetes_validate.validate(obj, version, strict=True)
