@@ -166,6 +166,54 @@ def test_any_bytes_as_a_csv_exit_cleanly(data):
         _run(["calibrate", path])
 
 
+POD_FRAGMENTS = [
+    b"apiVersion: v1\n", b"kind: Pod\n", b"kind: List\n", b"kind: Deployment\n", b"kind: CronJob\n",
+    b"metadata: {name: p, namespace: n, labels: {katasizing.dev/policy: qemu-rs}}\n", b"spec:\n",
+    b"  runtimeClassName: kata-qemu-rs-s\n", b"  containers:\n", b"  initContainers:\n",
+    b"  - resources: {limits: {memory: 5Zi}}\n", b"  - resources: {limits: {cpu: '1001m', memory: 1Gi}}\n",
+    b"    restartPolicy: Always\n", b"  resources: {limits: {memory: [1]}}\n", b"items:\n", b"- spec: {containers: []}\n",
+    b"  template: {spec: {containers: [{}]}}\n", b"  jobTemplate: 1\n",
+]
+hostile_pod_bytes = st.lists(st.one_of(st.sampled_from(POD_FRAGMENTS), st.sampled_from(FRAGMENTS),
+                                       st.binary(max_size=8)), max_size=24).map(b"".join)
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=12),
+                    st.sampled_from(["1Gi", "1001m", "0", "-1", "1e3", "9Ei", "5Zi", "Always", "0.5"]))
+_limits = st.one_of(_scalar, st.dictionaries(st.sampled_from(["cpu", "memory", "x"]), _scalar, max_size=3))
+_container = st.one_of(_scalar, st.fixed_dictionaries({}, optional={
+    "resources": st.one_of(_scalar, st.fixed_dictionaries({}, optional={"limits": _limits})),
+    "restartPolicy": _scalar}))
+hostile_pods = st.fixed_dictionaries({"kind": st.sampled_from(["Pod", "Job", None])}, optional={
+    "metadata": st.one_of(_scalar, st.fixed_dictionaries({}, optional={
+        "name": _scalar, "namespace": _scalar,
+        "labels": st.one_of(_scalar, st.dictionaries(st.sampled_from(["katasizing.dev/policy", "a"]), _scalar))})),
+    "spec": st.one_of(_scalar, st.fixed_dictionaries({}, optional={
+        "containers": st.one_of(_scalar, st.lists(_container, max_size=3)),
+        "initContainers": st.one_of(_scalar, st.lists(_container, max_size=3)),
+        "resources": st.one_of(_scalar, st.fixed_dictionaries({}, optional={"limits": _limits})),
+        "runtimeClassName": st.one_of(_scalar, st.sampled_from(["kata-qemu-rs-s", "kata-qemu-rs-xl"])),
+        "template": _scalar})),
+})
+
+
+@FUZZ
+@given(data=hostile_pod_bytes)
+def test_any_bytes_as_a_pod_file_exit_cleanly(data):
+    policy = str(ROOT / "examples" / "qemu-runtime-rs.yaml")
+    with _file(data, "pods.yaml") as path:
+        _run(["audit", "--pods", path, "--policy", policy], reported_on_stdout=True)
+        _run(["explain", "--pod", path, "--policy", policy], reported_on_stdout=True)
+
+
+@FUZZ
+@given(pods=st.lists(hostile_pods, min_size=1, max_size=4))
+def test_any_pods_of_the_right_shape_exit_cleanly(pods):
+    policy = str(ROOT / "examples" / "qemu-runtime-rs.yaml")
+    text = yaml.safe_dump_all(pods).encode()
+    with _file(text, "pods.yaml") as path:
+        _run(["audit", "--pods", path, "--policy", policy], reported_on_stdout=True)
+        _run(["explain", "--pod", path, "--policy", policy, "-o", "json"], reported_on_stdout=True)
+
+
 EDGE_FLAGS = ["", " ", "1", "0", "-1", "1.5", "600Mi", " 600Mi", "600Mi\n", "1e99999", "9" * 300, "1" * 64,
               "\x00", "\u0663", "NaN", "inf", "-0", "0.", ".5", "1e-99999", "9Ei", "abc", "--strict"]
 flag_values = st.one_of(st.sampled_from(EDGE_FLAGS), st.text(max_size=80))

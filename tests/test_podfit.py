@@ -300,3 +300,90 @@ def test_admission_objects_pass_the_kubernetes_schemas_strictly() -> None:
     version = ".".join(kubernetes_validate.latest_version().split(".")[:2])
     for obj in render_policy(parse_policy(POLICY)).admission:
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    from kata_sizing.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+@pytest.fixture
+def files(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [c.pod() for c in CASES]}))
+    return policy, pods, tmp_path
+
+
+def test_audit_pods_lists_findings_and_counts_per_class(capsys, files) -> None:
+    policy, pods, _ = files
+    code, out, _ = run_cli(capsys, "audit", "--pods", pods, "--policy", policy, "-o", "json")
+    assert code == 1
+    report = json.loads(out)
+    expected = [f for c in CASES for f in findings_of(c)]
+    assert [(f["name"], f["rule"]) for f in report["findings"]] == [(f.name, f.rule) for f in expected]
+    assert report["summary"] == {"pods": len(CASES), "errors": sum(f.is_error for f in expected),
+                                 "warnings": sum(not f.is_error for f in expected)}
+    in_class = [c for c in CASES if c.runtime_class == "kata-fit-m"]
+    assert report["classes"]["kata-fit-m"]["pods"] == len(in_class)
+    code, out, _ = run_cli(capsys, "audit", "--pods", pods, "--policy", policy)
+    assert "RUNTIMECLASS  PODS  OVER_ENVELOPE  NO_MEMORY_LIMIT" in out
+
+
+def test_audit_pods_exit_codes(capsys, files) -> None:
+    policy, _, tmp = files
+    clean = tmp / "clean.yaml"
+    clean.write_text(yaml.safe_dump_all([CASES[0].pod()]))
+    assert run_cli(capsys, "audit", "--pods", clean, "--policy", policy)[0] == 0
+    warned = tmp / "warned.yaml"
+    warned.write_text(yaml.safe_dump_all([{c.name: c for c in CASES}["no-limits"].pod()]))
+    assert run_cli(capsys, "audit", "--pods", warned, "--policy", policy)[0] == 0
+    assert run_cli(capsys, "audit", "--pods", warned, "--policy", policy, "--strict")[0] == 1
+    bad = tmp / "bad.yaml"
+    bad.write_text("kind: List\nitems:\n- metadata: {namespace: fit-in}\n  spec: {runtimeClassName: kata-fit-s, "
+                   "containers: [{resources: {limits: {memory: 5Zi}}}]}\n")
+    code, _, err = run_cli(capsys, "audit", "--pods", bad, "--policy", policy)
+    assert code == 2 and "items[0]: spec.containers[0].resources.limits.memory" in err
+    code, _, err = run_cli(capsys, "audit", "--pods", clean)
+    assert code == 2 and "--policy" in err
+    assert run_cli(capsys, "audit", "--pods", tmp / "missing.yaml", "--policy", policy)[0] == 2
+
+
+def test_audit_pods_reads_namespace_labels_for_a_selector(capsys, files) -> None:
+    _, pods, tmp = files
+    body = json.loads(json.dumps(POLICY))
+    body["spec"]["admission"]["namespaces"] = {"selector": {"matchLabels": {"kata": "checked"}}}
+    policy = tmp / "selector.yaml"
+    policy.write_text(yaml.safe_dump(body))
+    code, out, _ = run_cli(capsys, "audit", "--pods", pods, "--policy", policy, "-o", "json")
+    assert (code, json.loads(out)["findings"]) == (0, [])
+    namespaces = tmp / "ns.yaml"
+    namespaces.write_text(yaml.safe_dump({"kind": "List", "items": [
+        {"kind": "Namespace", "metadata": {"name": IN, "labels": {"kata": "checked"}}}]}))
+    code, out, _ = run_cli(capsys, "audit", "--pods", pods, "--policy", policy, "--namespaces", namespaces, "-o", "json")
+    assert code == 1 and {f["namespace"] for f in json.loads(out)["findings"]} == {IN}
+
+
+def test_explain_pod_says_class_vm_accounting_and_admission(capsys, files) -> None:
+    policy, _, tmp = files
+    pod = tmp / "pod.yaml"
+    pod.write_text(yaml.safe_dump({c.name: c for c in CASES}["one-byte-above"].pod()))
+    code, out, _ = run_cli(capsys, "explain", "--pod", pod, "--policy", policy, "-o", "json")
+    report = json.loads(out)
+    assert code == 1 and report["admission"]["allowed"] is False
+    assert (report["runtimeClass"], report["class"], report["smallestFit"]) == ("kata-fit-s", "s", "kata-fit-m")
+    assert report["vm"] and report["accounted"] and report["podFixed"]
+    code, out, _ = run_cli(capsys, "explain", "--pod", pod, "--policy", policy)
+    assert "admission:            refused [pod-envelope-exceeded]" in out
+    routed = tmp / "routed.yaml"
+    routed.write_text(yaml.safe_dump(Case("r", (limits("1500m", "2Gi"),), None, None, runtime_class=None,
+                                          namespace=ROUTED, labels={podfit.POLICY_LABEL: "fit"}).pod()))
+    code, out, _ = run_cli(capsys, "explain", "--pod", routed, "--policy", policy, "-o", "json")
+    assert code == 0 and json.loads(out)["routed"] is True and json.loads(out)["runtimeClass"] == "kata-fit-m"
+    code, _, err = run_cli(capsys, "explain", policy, "--pod", routed, "--class", "s")
+    assert code == 2 and "--pod takes the class" in err

@@ -142,6 +142,52 @@ def test_every_pod_of_the_table_gets_the_verdict_podfit_gives(fit_cluster) -> No
     assert created == {c.name for c in CASES} - refused
 
 
+MEMORY_FORMS = ("512Mi", "1Gi", str(1024**3 + 1), "0.5Gi", "1.5Gi", "1536Mi", "1000Mi", "100M", "3Gi", "4Gi",
+                str(4 * 1024**3 + 1), "1073741824", "0")
+CPU_FORMS = ("100m", "250m", "0.5", "1", "1001m", "1.5", "2", "2001m", "3", "1000500u", "0.001", "4", "4001m")
+
+
+def random_pods(count: int, seed: int) -> list[dict]:
+    """Pods drawn around the envelopes: 1 to 3 containers, up to 3 init containers (half of
+    them sidecars), some limits unset, some pod-level limits, every quantity form in use."""
+    import random
+
+    rng = random.Random(seed)
+
+    def some_limits() -> dict:
+        values = {}
+        if rng.random() < 0.8:
+            values["cpu"] = rng.choice(CPU_FORMS)
+        if rng.random() < 0.85:
+            values["memory"] = rng.choice(MEMORY_FORMS)
+        return {"resources": {"limits": values}} if values else {}
+
+    pods = []
+    for number in range(count):
+        inits = tuple({**({"restartPolicy": "Always"} if rng.random() < 0.5 else {}), **some_limits()}
+                      for _ in range(rng.randrange(4)))
+        containers = tuple(some_limits() for _ in range(rng.randrange(1, 4)))
+        pod_limits = None
+        if rng.random() < 0.15:  # pod-level limits, with containers that set none
+            containers = tuple({} for _ in containers)
+            inits = tuple({k: v for k, v in i.items() if k == "restartPolicy"} for i in inits)
+            pod_limits = {"cpu": rng.choice(CPU_FORMS[1:]), "memory": rng.choice(MEMORY_FORMS[:-1])}
+        pods.append(Case(f"random-{seed}-{number}", containers, None, None, init_containers=inits,
+                         pod_limits=pod_limits, runtime_class=rng.choice(("kata-fit-s", "kata-fit-m", "kata-fit-l")),
+                         ).pod())
+    return pods
+
+
+def test_random_pods_get_the_verdict_podfit_gives(fit_cluster) -> None:
+    cp, _, _ = fit_cluster
+    pods = random_pods(80, seed=10)
+    proc = dry_run(cp, pods)
+    assert "is invalid" not in proc.stderr, proc.stderr  # every drawn pod is one the server accepts as a Pod
+    expected = expected_verdicts(pods, size_policy(parse_policy(POLICY_BODY)))
+    assert dict(verdicts(proc)) == dict(expected)
+    assert expected, "the draw holds pods the rules refuse or warn about"
+
+
 def test_explain_and_audit_agree_with_the_server_on_every_pod(fit_cluster) -> None:
     cp, tmp, _ = fit_cluster
     pods = [c.pod() for c in CASES]

@@ -93,6 +93,15 @@ def test_every_object_passes_kubernetes_schemas_strictly(rendered):
     for obj in objects:
         for version in SCHEMA_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
+    # admissionregistration.k8s.io/v1 has ValidatingAdmissionPolicy from 1.30 and
+    # MutatingAdmissionPolicy from 1.36 (docs/admission.md): checked against the newest schemas.
+    assert {o["kind"] for o in rendered.admission} == {
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding"}
+    for obj in rendered.admission:
+        kubernetes_validate.validate(obj, SCHEMA_VERSIONS[-1], strict=True)
+        if obj["kind"].startswith("Validating"):
+            kubernetes_validate.validate(obj, "1.30", strict=True)
 
 
 def test_every_embedded_document_parses(rendered):

@@ -658,9 +658,26 @@ class PodAudit:
         }
 
 
-def audit_pods(pods: list[tuple[str, dict]], policies: Sequence[KataSizingPolicy]) -> PodAudit:
+def namespace_labels_from_documents(documents: list[object], source: str) -> dict[str, dict[str, str]]:
+    """{namespace: labels} from `kubectl get namespaces -o yaml` (a List, or Namespace documents)."""
+    labels: dict[str, dict[str, str]] = {}
+    for where, item in pods_from_documents(documents, source):
+        meta = item.get("metadata") if isinstance(item.get("metadata"), dict) else None
+        if item.get("kind") not in (None, "Namespace") or meta is None or not isinstance(meta.get("name"), str):
+            raise AuditError(f"{where}: not a Namespace with metadata.name")
+        found = meta.get("labels") or {}
+        if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+            raise AuditError(f"{where}: metadata.labels: not a mapping of strings")
+        labels[meta["name"]] = {str(k): v for k, v in found.items()}
+    return labels
+
+
+def audit_pods(pods: list[tuple[str, dict]], policies: Sequence[KataSizingPolicy],
+               namespaces: dict[str, dict[str, str]] | None = None) -> PodAudit:
     """Each pod against the admission rule of every policy (podfit.check_pod); pods are as
-    stored, so no routing is applied. Raises AuditError naming the pod and field it cannot read."""
+    stored, so no routing is applied. `namespaces` gives the namespaces' labels (for a
+    spec.admission.namespaces selector); without it only their names are known. Raises
+    AuditError naming the pod and field it cannot read."""
     from . import podfit
     from .sizing import size_policy
 
@@ -676,7 +693,8 @@ def audit_pods(pods: list[tuple[str, dict]], policies: Sequence[KataSizingPolicy
             spec = podfit.pod_spec_of(pod)
             runtime_class = spec.get("runtimeClassName")
             for sizing in sizings:
-                findings = podfit.check_pod(pod, sizing)
+                namespace = str(podfit.pod_metadata_of(pod).get("namespace") or "default")
+                findings = podfit.check_pod(pod, sizing, (namespaces or {}).get(namespace))
                 counts = report.pods_per_class.get(runtime_class) if isinstance(runtime_class, str) else None
                 if counts is not None and any(c.runtime_class == runtime_class for c in sizing.classes):
                     counts["pods"] += 1

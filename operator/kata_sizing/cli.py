@@ -483,6 +483,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     if args.pods:
         return _audit_pods(args)
+    if args.namespaces:
+        raise InputError("--namespaces goes with --pods")
     if args.values is None:
         raise InputError("audit needs VALUES.yaml (a kata-deploy install) or --pods PODS.yaml --policy POLICY.yaml")
     documents = load_yaml_documents(args.values)
@@ -508,7 +510,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _audit_pods(args: argparse.Namespace) -> int:
     """audit --pods: stored pods against their class (podfit, the admission policies' rule)."""
-    from .audit import AuditError, audit_pods, format_pods_text, pods_from_documents
+    from .audit import AuditError, audit_pods, format_pods_text, namespace_labels_from_documents, pods_from_documents
 
     if args.values is not None or args.runtime_classes:
         raise InputError("--pods audits pods against policies; give VALUES.yaml/RUNTIMECLASSES.yaml in a separate run")
@@ -517,7 +519,9 @@ def _audit_pods(args: argparse.Namespace) -> int:
     policies = [p for path in args.policy for p in load_policies(path)]
     try:
         pods = pods_from_documents(load_yaml_documents(args.pods), args.pods)
-        report = audit_pods(pods, policies)
+        namespaces = (namespace_labels_from_documents(load_yaml_documents(args.namespaces), args.namespaces)
+                      if args.namespaces else None)
+        report = audit_pods(pods, policies, namespaces)
     except AuditError as exc:
         raise InputError(str(exc)) from None
     if args.output == "json":
@@ -638,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--pods", metavar="PODS.yaml",
                        help="audit pods instead (kubectl get pods -A -o yaml) against --policy: the ones outside "
                             "their class's envelope or without a memory limit, with counts per class")
+    audit.add_argument("--namespaces", metavar="NAMESPACES.yaml",
+                       help="with --pods: the namespaces' labels (kubectl get namespaces -o yaml), for a "
+                            "spec.admission.namespaces selector")
     audit.add_argument("runtime_classes", metavar="RUNTIMECLASSES.yaml", nargs="*",
                        help="live RuntimeClasses (kubectl get runtimeclass -o yaml); they win over the values")
     audit.add_argument("-o", "--output", choices=("text", "json"), default="text")

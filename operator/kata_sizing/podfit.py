@@ -97,22 +97,26 @@ def pod_spec_of(obj: Mapping) -> dict:
     return dict(spec)
 
 
+def _mapping(value: object) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
 def pod_metadata_of(obj: Mapping) -> dict:
-    """The metadata the pods of `obj` get (a workload's template metadata, else the object's)."""
+    """The metadata the pods of `obj` get (a workload's template metadata, else the object's);
+    anything that is not a mapping where one belongs reads as empty."""
+    obj = _mapping(obj)
     kind = obj.get("kind")
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    spec = _mapping(obj.get("spec"))
+    own = _mapping(obj.get("metadata"))
     if kind == "CronJob":
-        spec = ((spec.get("jobTemplate") or {}).get("spec") or {})
-    if kind in (*WORKLOAD_KINDS, "CronJob"):
-        meta = dict((spec.get("template") or {}).get("metadata") or {})
-        meta.setdefault("namespace", (obj.get("metadata") or {}).get("namespace"))
-        meta.setdefault("name", (obj.get("metadata") or {}).get("name"))
+        spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec"))
+    if kind in (*WORKLOAD_KINDS, "CronJob", "PodTemplate"):
+        template = obj.get("template") if kind == "PodTemplate" else spec.get("template")
+        meta = dict(_mapping(_mapping(template).get("metadata")))
+        meta.setdefault("namespace", own.get("namespace"))
+        meta.setdefault("name", own.get("name"))
         return meta
-    if kind == "PodTemplate":
-        meta = dict((obj.get("template") or {}).get("metadata") or {})
-        meta.setdefault("namespace", (obj.get("metadata") or {}).get("namespace"))
-        return meta
-    return dict(obj.get("metadata") or {})
+    return dict(own)
 
 
 @dataclass(frozen=True)
@@ -269,13 +273,16 @@ def _envelope_text(sized: ClassSizing) -> str:
     return f"cpu {show_cpu_millis(envelope_millis(sized))}, memory {show_memory_bytes(envelope_bytes(sized))}"
 
 
+def _largest_text(sizing: PolicySizing) -> str:
+    largest = sizing.classes[-1]
+    return f"the largest is {largest.runtime_class}: {_envelope_text(largest)}"
+
+
 def _fit_text(limits: PodLimits, sizing: PolicySizing) -> str:
     fit = route(limits, sizing)
     if fit is not None:
         return f"the smallest class that fits is {fit.runtime_class}"
-    largest = sizing.classes[-1]
-    return (f"no class of policy {sizing.policy.name} fits (the largest is {largest.runtime_class}: "
-            f"{_envelope_text(largest)})")
+    return f"no class of policy {sizing.policy.name} fits ({_largest_text(sizing)})"
 
 
 def _figures(limits: PodLimits) -> str:
@@ -340,7 +347,7 @@ def check_limits(limits: PodLimits, runtime_class: str, sizing: PolicySizing, na
                 fit_name, limits))
     elif not runtime_class and opted_in:
         reason = (f"the smallest class that fits, {fit_name}, was not set (is the routing installed?)"
-                  if fit else f"{_figures(limits)} fit no class ({_fit_text(limits, sizing)})")
+                  if fit else f"{_figures(limits)} fit no class ({_largest_text(sizing)})")
         findings.append(PodFinding(
             namespace, name, "", None, RULE_NOT_ROUTED, admission.envelope_exceeded,
             f"{who} asks for a class of policy {sizing.policy.name} (label {POLICY_LABEL}) and has no "
@@ -393,8 +400,8 @@ def namespace_selector(policy: KataSizingPolicy) -> LabelSelector:
 
 
 def opted_in(metadata: Mapping, policy_name: str, namespace_labels: Mapping[str, str] | None = None) -> bool:
-    labels = metadata.get("labels") or {}
-    return labels.get(POLICY_LABEL) == policy_name or (namespace_labels or {}).get(POLICY_LABEL) == policy_name
+    labels = _mapping(_mapping(metadata).get("labels"))
+    return labels.get(POLICY_LABEL) == policy_name or _mapping(namespace_labels).get(POLICY_LABEL) == policy_name
 
 
 def check_pod(pod: Mapping, sizing: PolicySizing, namespace_labels: Mapping[str, str] | None = None,
@@ -503,7 +510,6 @@ _CEL_CPU_TEXT = ("!variables.cpuSet ? 'none' : variables.cpu % 1000 == 0 ? strin
 def cel_variables(sizing: PolicySizing) -> list[dict]:
     """The VAP/MAP `variables`: the pod's effective limits and the policy's classes."""
     classes = sizing.classes
-    largest = classes[-1]
     variables = [
         ("podLimits", "has(object.spec.resources) && has(object.spec.resources.limits) ? "
                       "object.spec.resources.limits : {}"),
@@ -534,10 +540,10 @@ def cel_variables(sizing: PolicySizing) -> list[dict]:
         ("who", "'pod ' + request.namespace + '/' + (has(object.metadata.name) ? object.metadata.name : "
                 "(has(object.metadata.generateName) ? object.metadata.generateName : ''))"),
         ("figures", f"'limits cpu ' + ({_CEL_CPU_TEXT}) + ', memory ' + ({_CEL_MEMORY_TEXT})"),
+        ("largestText", _cel_string(_largest_text(sizing))),
         ("fitText",
          "size(variables.fits) > 0 ? 'the smallest class that fits is ' + variables.runtimeClasses[variables.fits[0]] : "
-         + _cel_string(f"no class of policy {sizing.policy.name} fits (the largest is {largest.runtime_class}: "
-                       f"{_envelope_text(largest)})")),
+         + _cel_string(f"no class of policy {sizing.policy.name} fits (") + " + variables.largestText + ')'"),
     ]
     return [{"name": name, "expression": expression} for name, expression in variables]
 
@@ -612,7 +618,7 @@ def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
                     "variables.who + ' asks for a class of policy " + name + " (label " + POLICY_LABEL +
                     ") and has no runtimeClassName: ' + (size(variables.fits) > 0 ? 'the smallest class that "
                     "fits, ' + variables.runtimeClasses[variables.fits[0]] + ', was not set (is the routing "
-                    "installed?)' : variables.figures + ' fit no class (' + variables.fitText + ')')"),
+                    "installed?)' : variables.figures + ' fit no class (' + variables.largestText + ')')"),
                 "reason": "Forbidden",
             },
         ],
