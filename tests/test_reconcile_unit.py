@@ -22,11 +22,16 @@ from tests.operator_helpers import example
 
 NAME = "qemu-rs"
 UID = "0e3c9a4e-0000-4000-8000-000000000001"
-READS = frozenset({"list_runtime_classes", "list_config_maps", "read_runtime_class", "read_config_map", "read_policy"})
+READS = frozenset({"list_runtime_classes", "list_config_maps", "read_runtime_class", "read_config_map", "read_policy",
+                   "list_admission_objects", "read_admission_object"})
 WRITES = frozenset({
     "create_runtime_class", "replace_runtime_class", "delete_runtime_class",
     "create_config_map", "replace_config_map", "delete_config_map", "patch_policy_status",
+    "create_admission_object", "replace_admission_object", "delete_admission_object",
 })
+# What a 1.37 server serves (kube.KubeApi.served_admission_versions fills the real one's).
+SERVED_ADMISSION = {"ValidatingAdmissionPolicy": "v1", "ValidatingAdmissionPolicyBinding": "v1",
+                    "MutatingAdmissionPolicy": "v1", "MutatingAdmissionPolicyBinding": "v1"}
 
 
 def _matches(obj: dict, selector: str | None) -> bool:
@@ -50,6 +55,8 @@ class FakeApi:
         self._versions = itertools.count(100)
         self.rcs: dict[str, dict] = {}
         self.cms: dict[tuple[str, str], dict] = {}
+        self.adm: dict[tuple[str, str], dict] = {}  # (kind, name): the admission objects
+        self.admission_versions = dict(SERVED_ADMISSION)
         self.policy = copy.deepcopy(policy)
         for obj in objects:
             self._store(self._stamped(obj))
@@ -77,6 +84,8 @@ class FakeApi:
         meta = obj["metadata"]
         if obj["kind"] == "RuntimeClass":
             self.rcs[meta["name"]] = obj
+        elif obj["kind"] in SERVED_ADMISSION:
+            self.adm[(obj["kind"], meta["name"])] = obj
         else:
             self.cms[(meta["namespace"], meta["name"])] = obj
 
@@ -150,6 +159,32 @@ class FakeApi:
     async def delete_config_map(self, namespace, name, uid=None):
         self._call("delete_config_map", namespace, name)
         self.cms.pop((namespace, name), None)
+
+    # admission objects
+
+    async def list_admission_objects(self, kind, label_selector=None):
+        self._call("list_admission_objects", kind, label_selector)
+        return [copy.deepcopy(o) for (k, _), o in self.adm.items() if k == kind and _matches(o, label_selector)]
+
+    async def read_admission_object(self, kind, name):
+        self._call("read_admission_object", kind, name)
+        return copy.deepcopy(self.adm.get((kind, name)))
+
+    async def create_admission_object(self, body):
+        self._call("create_admission_object", body["kind"], body["metadata"]["name"])
+        if (body["kind"], body["metadata"]["name"]) in self.adm:
+            raise Conflict(409, "already exists")
+        obj = self._stamped(body)
+        self._store(obj)
+        return copy.deepcopy(obj)
+
+    async def replace_admission_object(self, body):
+        self._call("replace_admission_object", body["kind"], body["metadata"]["name"])
+        return self._replace(self.adm, (body["kind"], body["metadata"]["name"]), body)
+
+    async def delete_admission_object(self, kind, name, uid=None):
+        self._call("delete_admission_object", kind, name)
+        self.adm.pop((kind, name), None)
 
     # the policy
 
@@ -390,7 +425,7 @@ def test_a_resync_of_a_policy_in_sync_makes_no_write_and_no_event():
     sink = Sink()
     result = run(rc.reconcile(api, body, "resync", rc.DesiredCache(), sink))
     assert api.writes == [] and sink.events == [] and result.writes == []
-    assert {c[0] for c in api.calls} == {"list_runtime_classes", "list_config_maps"}
+    assert {c[0] for c in api.calls} == {"list_runtime_classes", "list_config_maps", "list_admission_objects"}
 
 
 def test_an_invalid_policy_touches_no_child_and_says_so_once():

@@ -29,6 +29,7 @@ EVENT_DRIFT_DETECTED = "DriftDetected"
 EVENT_CONFLICT = "Conflict"
 EVENT_WARNING = "PolicyWarning"
 EVENT_UNMANAGED = "UnmanagedRuntimeClassAudit"
+EVENT_POD_AUDIT = "PodAudit"
 
 
 def now_rfc3339() -> str:

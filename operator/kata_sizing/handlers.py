@@ -82,11 +82,18 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     memo.last_pass = {}
     memo.derived = {}  # memoized node facts and audit, shared by every policy
     memo.tombstones = {}  # the last state of a deleted child, until its deletion is handled
-    memo.children = ChildCache(memo.api, on_change=lambda key, before, after: _child_changed(memo, key, before, after))
+    # Which admission kinds (ValidatingAdmissionPolicy, MutatingAdmissionPolicy and their
+    # bindings) this server serves, at which version: only those are written and followed.
+    memo.admission_versions = await _discover_admission(memo.api)
+    memo.children = ChildCache(
+        memo.api, on_change=lambda key, before, after: _child_changed(memo, key, before, after),
+        admission_versions=memo.admission_versions)
     memo.nodes = Informer(memo.api, "nodes", summarize_node)
     memo.pods = Informer(memo.api, "pods", summarize_pod)
     # Also in the memo itself, where the metrics and readiness endpoint looks for informers.
-    memo.runtime_classes, memo.config_maps = memo.children.informers()
+    memo.runtime_classes, memo.config_maps = memo.children.runtime_classes, memo.children.config_maps
+    for kind, informer in memo.children.admission.items():
+        memo[f"admission_{kind}"] = informer
     memo.work = WorkQueue(
         lambda item: _process(memo, item), workers=DRIFT_WORKERS, retry_base_s=RETRY_BASE_S,
         retry_cap_s=RETRY_CAP_S, name="drift", gate=memo.leader.wait_leading if memo.leader else None,
@@ -97,6 +104,19 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         asyncio.create_task(memo.pods.run(), name="pods-informer"),
         *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in memo.children.informers()),
     ]
+
+
+async def _discover_admission(api: KubeApi) -> dict[str, str]:
+    """Discovery, retried with back-off until it answers (an API server starting up)."""
+    failures = 0
+    while True:
+        try:
+            return await api.served_admission_versions()
+        except TransientApiError as exc:
+            delay = _retry_delay_s(failures)
+            failures += 1
+            log.warning("discovery of the admission kinds failed: %s; retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
 
 
 async def on_cleanup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
@@ -205,7 +225,7 @@ async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple |
         with metrics.reconcile_pass(name, trigger) as current:
             current.done(await rc.reconcile(
                 memo.api, body, trigger, memo.cache, _event_sink, nodes=list(facts) if facts is not None else None,
-                audit_findings=findings, children=memo.children,
+                audit_findings=findings, children=memo.children, admission_versions=memo.admission_versions,
             ))
         # Only after success: a failed pass is retried, not taken as done.
         memo.last_pass[name] = (inputs, facts, findings)

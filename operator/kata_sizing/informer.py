@@ -186,21 +186,40 @@ def name_key(obj: dict) -> Hashable:
 
 
 class ChildCache:
-    """The RuntimeClasses (every one: the audit looks at all Kata classes) and the managed
-    ConfigMaps (selected by the managed-by label on the server), as reconcile reads them:
-    `get(key)` and `of_policy(name)`, both from memory."""
+    """The RuntimeClasses (every one: the audit looks at all Kata classes), the managed
+    ConfigMaps and the managed admission objects (selected by the managed-by label on the
+    server), as reconcile reads them: `get(key)` and `of_policy(name)`, both from memory.
 
-    def __init__(self, api, on_change: Callable[[ObjKey, dict | None, dict | None], None] | None = None):
+    `admission_versions` ({kind: version}, from discovery) says which admission kinds the server
+    serves; only those are followed (a kind the server does not serve would 404 forever)."""
+
+    def __init__(self, api, on_change: Callable[[ObjKey, dict | None, dict | None], None] | None = None,
+                 admission_versions: dict[str, str] | None = None):
+        from .kube import ADMISSION_GROUP, ADMISSION_PLURALS
+
         self._on_change = on_change
+        managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
         self.runtime_classes = Informer(
             api, "runtimeclasses", slim_child("RuntimeClass"), key=name_key, on_change=self._changed("RuntimeClass"))
         self.config_maps = Informer(
             api, "configmaps", slim_child("ConfigMap"), key=name_key,
-            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}", on_change=self._changed("ConfigMap"))
+            label_selector=managed, on_change=self._changed("ConfigMap"))
+        self.admission_versions = dict(admission_versions or {})
+        self.admission = {
+            kind: Informer(
+                api, f"{ADMISSION_GROUP}/{version}/{ADMISSION_PLURALS[kind]}", slim_child(kind), key=name_key,
+                label_selector=managed, on_change=self._changed(kind))
+            for kind, version in sorted(self.admission_versions.items())
+        }
+        self._by_kind: dict[str, Informer] = {
+            "RuntimeClass": self.runtime_classes, "ConfigMap": self.config_maps, **self.admission}
         self.by_policy: dict[str, set[ObjKey]] = {}
 
     def informers(self) -> list[Informer]:
-        return [self.runtime_classes, self.config_maps]
+        return list(self._by_kind.values())
+
+    def kinds(self) -> list[str]:
+        return list(self._by_kind)
 
     def _changed(self, kind: str) -> ChangeCallback:
         def changed(key: Hashable, before: dict | None, after: dict | None) -> None:
@@ -219,8 +238,8 @@ class ChildCache:
         if new:
             self.by_policy.setdefault(new, set()).add(key)
 
-    def _informer(self, kind: str) -> Informer:
-        return self.runtime_classes if kind == "RuntimeClass" else self.config_maps
+    def _informer(self, kind: str) -> Informer | None:
+        return self._by_kind.get(kind)
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers()))
@@ -229,17 +248,19 @@ class ChildCache:
 
     def reindex(self) -> None:
         self.by_policy = {}
-        for kind in ("RuntimeClass", "ConfigMap"):
-            for (namespace, name), obj in self._informer(kind).items.items():
+        for kind, informer in self._by_kind.items():
+            for (namespace, name), obj in informer.items.items():
                 self._index((kind, namespace, name), None, obj)
 
     def get(self, key: ObjKey) -> dict | None:
         kind, namespace, name = key
-        return self._informer(kind).items.get((namespace, name))
+        informer = self._informer(kind)
+        return informer.items.get((namespace, name)) if informer is not None else None
 
     def complete(self, key: ObjKey) -> bool:
         """Whether a miss in the cache means the object does not exist: true for
-        RuntimeClasses (all are cached); a ConfigMap without our label is not cached."""
+        RuntimeClasses (all are cached); a ConfigMap or admission object without our label is
+        not cached."""
         return key[0] == "RuntimeClass"
 
     def of_policy(self, policy_name: str) -> dict[ObjKey, dict]:
@@ -257,12 +278,16 @@ class ChildCache:
         meta = obj.get("metadata") or {}
         key = (obj.get("kind") or "", meta.get("namespace"), meta.get("name") or "")
         informer = self._informer(key[0])
+        if informer is None:
+            return
         before = informer.items.get((key[1], key[2]))
         informer.record(obj)
         self._index(key, before, informer.items.get((key[1], key[2])))
 
     def forget(self, key: ObjKey) -> None:
         informer = self._informer(key[0])
+        if informer is None:
+            return
         before = informer.items.pop((key[1], key[2]), None)
         informer.version += 1
         self._index(key, before, None)

@@ -9,9 +9,10 @@ connections: back off and retry). Anything else is a PermanentApiError.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +26,18 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 REQUEST_TIMEOUT_S = 30
 FIELD_MANAGER = "kata-sizing"
+
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+# The generated admission objects (issue 10), all cluster-scoped: kind -> plural. Their version
+# is the one the rendered object names and the server serves (see served_admission_versions).
+ADMISSION_PLURALS = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+}
+# Checked in this order; the first served version of a kind is used.
+ADMISSION_VERSIONS = ("v1", "v1beta1")
 
 
 class ApiError(Exception):
@@ -84,6 +97,8 @@ _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 @dataclass
 class KubeApi:
     api_client: client.ApiClient
+    # {kind: version} of the admission kinds the server serves; filled by served_admission_versions().
+    admission_versions: dict = field(default_factory=dict)
 
     @classmethod
     async def connect(cls) -> "KubeApi":
@@ -114,6 +129,13 @@ class KubeApi:
     @property
     def _custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api_client)
+
+    @property
+    def _admission_discovery(self) -> dict:
+        return {
+            "v1": client.AdmissionregistrationV1Api(self.api_client),
+            "v1beta1": client.AdmissionregistrationV1beta1Api(self.api_client),
+        }
 
     @property
     def _coordination(self) -> client.CoordinationV1Api:
@@ -208,6 +230,80 @@ class KubeApi:
         except NotFound:
             pass
 
+    # --- admission objects (ValidatingAdmissionPolicy and friends; cluster-scoped) ---
+
+    async def served_admission_versions(self) -> dict[str, str]:
+        """{kind: version} of the admission kinds this server serves (discovery, which every
+        authenticated user may read). A 1.29 server serves no ValidatingAdmissionPolicy at v1;
+        MutatingAdmissionPolicy is v1 from Kubernetes 1.36 (v1beta1 from 1.34, off by default)."""
+        served: dict[str, str] = {}
+        for version in ADMISSION_VERSIONS:
+            try:
+                found = await self._call(
+                    f"discover {ADMISSION_GROUP}/{version}", self._admission_discovery[version].get_api_resources)
+            except NotFound:
+                continue
+            for resource in found.resources or []:
+                for kind, plural in ADMISSION_PLURALS.items():
+                    if resource.name == plural and kind not in served:
+                        served[kind] = version
+        self.admission_versions = served
+        return served
+
+    def _admission_path(self, body_or_kind: dict | str) -> tuple[str, str, str]:
+        if isinstance(body_or_kind, dict):
+            group, _, version = (body_or_kind.get("apiVersion") or "").rpartition("/")
+            return group, version, ADMISSION_PLURALS[body_or_kind["kind"]]
+        version = self.admission_versions.get(body_or_kind, ADMISSION_VERSIONS[0])
+        return ADMISSION_GROUP, version, ADMISSION_PLURALS[body_or_kind]
+
+    async def list_admission_objects(self, kind: str, label_selector: str | None = None) -> list[dict]:
+        group, version, plural = self._admission_path(kind)
+        result = await self._call(
+            f"list {kind}", self._custom.list_cluster_custom_object, group, version, plural,
+            label_selector=label_selector)
+        return [{**item, "kind": kind} for item in result.get("items") or []]
+
+    async def read_admission_object(self, kind: str, name: str) -> dict | None:
+        group, version, plural = self._admission_path(kind)
+        try:
+            return await self._call(
+                f"read {kind} {name}", self._custom.get_cluster_custom_object, group, version, plural, name)
+        except NotFound:
+            return None
+
+    async def create_admission_object(self, body: dict) -> dict:
+        group, version, plural = self._admission_path(body)
+        return await self._call(
+            f"create {body['kind']} {body['metadata']['name']}", self._custom.create_cluster_custom_object,
+            group, version, plural, body, field_manager=FIELD_MANAGER)
+
+    async def replace_admission_object(self, body: dict) -> dict:
+        """PUT with the body's resourceVersion: a stale one is a Conflict, never a lost edit."""
+        group, version, plural = self._admission_path(body)
+        name = body["metadata"]["name"]
+        return await self._call(
+            f"replace {body['kind']} {name}", self._custom.replace_cluster_custom_object,
+            group, version, plural, name, body, field_manager=FIELD_MANAGER)
+
+    async def delete_admission_object(self, kind: str, name: str, uid: str | None = None) -> None:
+        group, version, plural = self._admission_path(kind)
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            await self._call(
+                f"delete {kind} {name}", self._custom.delete_cluster_custom_object, group, version, plural, name,
+                body=body)
+        except NotFound:
+            pass
+
+    # --- Namespaces (the webhook fallback reads an opted-in namespace's label) ---
+
+    async def read_namespace(self, name: str) -> dict | None:
+        try:
+            return self._plain(await self._call(f"read Namespace {name}", self._core.read_namespace, name))
+        except NotFound:
+            return None
+
     # --- KataSizingPolicy ---
 
     async def read_policy(self, name: str) -> dict | None:
@@ -259,8 +355,14 @@ class KubeApi:
     }
 
     async def _raw(self, collection: str, **params):
-        group_api, method = self._COLLECTIONS[collection]
-        call = getattr(getattr(self, group_api), method)
+        if "/" in collection:
+            # An admission kind: "<group>/<version>/<plural>", listed as any cluster-scoped object.
+            group, version, plural = collection.split("/")
+            call = functools.partial(self._custom.list_cluster_custom_object_without_preload_content,
+                                     group, version, plural)
+        else:
+            group_api, method = self._COLLECTIONS[collection]
+            call = getattr(getattr(self, group_api), method)
         params = {k: v for k, v in params.items() if v is not None}
         try:
             response = await call(**params)

@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, Literal, Protocol
 
 from . import conditions as cond
 from . import metrics
-from .kube import Conflict, Invalid, NotFound
+from .kube import ADMISSION_PLURALS, Conflict, Invalid, NotFound
 from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from .quantity import QuantityError, format_cpu, format_mib, format_vcpus, parse_quantity
 from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, configmap_names, render_policy
@@ -103,6 +103,40 @@ def _guarded_pod_fixed_differences(desired: dict, live: dict) -> list[str]:
     return ["overhead.podFixed"]
 
 
+# Keys of an admission object's spec the API server fills in when the policy leaves them out
+# (admissionregistration/v1 defaults.go: failurePolicy Fail, matchPolicy Equivalent, empty
+# namespace/object selectors, rule scope "*", reinvocationPolicy Never, parameterNotFoundAction
+# Deny). Where the desired spec sets one, it is compared like any other field.
+SERVER_DEFAULTED_KEYS = frozenset({
+    "failurePolicy", "matchPolicy", "namespaceSelector", "objectSelector", "scope", "reinvocationPolicy",
+    "parameterNotFoundAction",
+})
+
+
+def is_admission_kind(kind: str) -> bool:
+    return kind in ADMISSION_PLURALS
+
+
+def spec_differences(desired: object, live: object, path: str = "spec") -> list[str]:
+    """Where `live` differs from `desired`: every value the desired object sets, lists element by
+    element and of the same length, and no key the desired object leaves out, but for the ones
+    the server defaults (SERVER_DEFAULTED_KEYS)."""
+    if isinstance(desired, dict) and isinstance(live, dict):
+        found = []
+        for key, want in desired.items():
+            if key not in live:
+                found.append(f"{path}.{key}")
+            else:
+                found += spec_differences(want, live[key], f"{path}.{key}")
+        found += [f"{path}.{key}" for key in live if key not in desired and key not in SERVER_DEFAULTED_KEYS]
+        return found
+    if isinstance(desired, list) and isinstance(live, list):
+        if len(desired) != len(live):
+            return [path]
+        return [d for i, (w, h) in enumerate(zip(desired, live)) for d in spec_differences(w, h, f"{path}[{i}]")]
+    return [] if desired == live else [path]
+
+
 def differences(desired: dict, live: dict, guarded: bool = False) -> list[str]:
     """The fields the operator decides where `live` differs from `desired`; fields others own
     (their labels, annotations, and on a `guarded` object every key the chart adds) are ignored."""
@@ -127,6 +161,8 @@ def differences(desired: dict, live: dict, guarded: bool = False) -> list[str]:
                 found.append("overhead.podFixed")
             if _scheduling_view(desired.get("scheduling")) != _scheduling_view(live.get("scheduling")):
                 found.append("scheduling")
+    elif is_admission_kind(desired["kind"]):
+        found += spec_differences(desired.get("spec") or {}, live.get("spec") or {})
     else:
         if (desired.get("data") or {}) != (live.get("data") or {}):
             changed = sorted(
@@ -169,6 +205,9 @@ def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
     elif desired["kind"] == "RuntimeClass":
         body["overhead"] = copy.deepcopy(desired.get("overhead"))
         body["scheduling"] = copy.deepcopy(desired.get("scheduling"))
+    elif is_admission_kind(desired["kind"]):
+        body["apiVersion"] = desired.get("apiVersion") or body.get("apiVersion")
+        body["spec"] = copy.deepcopy(desired.get("spec") or {})
     else:
         body["data"] = copy.deepcopy(desired.get("data") or {})
     return body
@@ -202,6 +241,14 @@ class Desired:
     conflicts: set[ObjKey] = field(default_factory=set)
     # KataDeploy mode: chart RuntimeClasses the last pass did not find (status says so).
     missing: set[ObjKey] = field(default_factory=set)
+    # Rendered admission objects of a kind (or version) the API server does not serve.
+    unserved: list[str] = field(default_factory=list)
+    routing: str = "Auto"
+
+    def unserved_expected(self, what: str) -> bool:
+        """A MutatingAdmissionPolicy the server does not serve is expected with routing Auto:
+        the operator's webhook routes instead (status.admission says so); not a warning."""
+        return what.startswith("MutatingAdmissionPolicy") and self.routing == "Auto"
 
     def needs_pass(self, key: ObjKey) -> bool:
         """A change of `key` changes what the last pass reported (a conflict or a missing
@@ -297,7 +344,31 @@ def _without_owner_references(obj: dict) -> dict:
     return obj
 
 
-def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> Desired:
+def routing_of(policy: KataSizingPolicy) -> str:
+    admission = getattr(policy.spec, "admission", None)
+    return getattr(admission, "routing", None) or "Auto"
+
+
+def admission_objects(
+    rendered: Rendered, admission_versions: dict[str, str] | None,
+) -> tuple[dict[ObjKey, dict], list[dict]]:
+    """(the rendered admission objects the server can store, those it cannot). With
+    `admission_versions` None (the CLI's fake APIs, unit tests) every one is kept; otherwise an
+    object is kept when the server serves its kind at the version it is rendered with."""
+    kept: dict[ObjKey, dict] = {}
+    left_out: list[dict] = []
+    for obj in getattr(rendered, "admission", None) or []:
+        version = (obj.get("apiVersion") or "").rpartition("/")[2]
+        if admission_versions is None or admission_versions.get(obj["kind"]) == version:
+            kept[obj_key(obj)] = obj
+        else:
+            left_out.append(obj)
+    return kept, left_out
+
+
+def build_desired(
+    policy: KataSizingPolicy, rendered: Rendered, body: dict, admission_versions: dict[str, str] | None = None,
+) -> Desired:
     runtime_classes = {obj_key(o): o for o in rendered.runtime_classes}
     owned = {obj_key(o): o for o in rendered.configmaps}
     guarded: dict[ObjKey, dict] = {}
@@ -307,6 +378,8 @@ def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> D
         # The chart's objects: never owned by the policy, or deleting the policy would make
         # the garbage collector delete them (and drift correction would add the reference).
         guarded = {key: _without_owner_references(o) for key, o in runtime_classes.items()}
+    admission, left_out = admission_objects(rendered, admission_versions)
+    owned.update(admission)
     return Desired(
         policy_name=policy.name,
         policy_uid=policy.metadata.uid,
@@ -315,6 +388,8 @@ def build_desired(policy: KataSizingPolicy, rendered: Rendered, body: dict) -> D
         namespace=policy.spec.output.namespace,
         owned=owned,
         guarded=guarded,
+        unserved=[f"{o['kind']} {o['metadata']['name']} ({o.get('apiVersion')})" for o in left_out],
+        routing=routing_of(policy),
     )
 
 
@@ -346,6 +421,7 @@ class PassResult:
     warnings: list[str] = field(default_factory=list)
     nodes: dict | None = None
     unmanaged: list[dict] | None = None
+    pod_audit: dict | None = None
 
 
 def _remember(children: LiveChildren | None, kind: str, written: dict | None) -> None:
@@ -366,15 +442,14 @@ async def _write_with_retry(
             if live is None:
                 if not create:
                     return None
-                if kind == "RuntimeClass":
-                    written = await api.create_runtime_class(desired)
-                else:
-                    written = await api.create_config_map(desired)
+                written = await _create(api, kind, desired)
                 _remember(children, kind, written)
                 return f"created {describe(key)}"
             body = corrected(desired, live, guarded)
             if kind == "RuntimeClass":
                 written = await api.replace_runtime_class(body)
+            elif is_admission_kind(kind):
+                written = await api.replace_admission_object(body)
             else:
                 written = await api.replace_config_map(body)
             _remember(children, kind, written)
@@ -391,10 +466,20 @@ async def _write_with_retry(
     raise Conflict(409, f"{describe(key)}: still conflicting after {CONFLICT_RETRIES} attempts")
 
 
+async def _create(api, kind: str, body: dict) -> dict:
+    if kind == "RuntimeClass":
+        return await api.create_runtime_class(body)
+    if is_admission_kind(kind):
+        return await api.create_admission_object(body)
+    return await api.create_config_map(body)
+
+
 async def _read(api, key: ObjKey) -> dict | None:
     kind, namespace, name = key
     if kind == "RuntimeClass":
         found = await api.read_runtime_class(name)
+    elif is_admission_kind(kind):
+        found = await api.read_admission_object(kind, name)
     else:
         found = await api.read_config_map(namespace, name)
     return {**found, "kind": kind} if found is not None else None
@@ -404,6 +489,8 @@ async def _delete(api, key: ObjKey, uid: str | None, children: LiveChildren | No
     kind, namespace, name = key
     if kind == "RuntimeClass":
         await api.delete_runtime_class(name, uid)
+    elif is_admission_kind(kind):
+        await api.delete_admission_object(kind, name, uid)
     else:
         await api.delete_config_map(namespace, name, uid)
     if children is not None:
@@ -428,6 +515,9 @@ async def _listed_children(api, policy_name: str) -> dict[ObjKey, dict]:
     for obj in config_maps:
         meta = obj["metadata"]
         live[("ConfigMap", meta.get("namespace"), meta["name"])] = {**obj, "kind": "ConfigMap"}
+    for kind in getattr(api, "admission_versions", None) or ():
+        for obj in await api.list_admission_objects(kind, selector):
+            live[(kind, None, obj["metadata"]["name"])] = {**obj, "kind": kind}
     return live
 
 
@@ -560,8 +650,26 @@ def class_status(sizing: PolicySizing) -> list[dict]:
 
 OWNED_STATUS_FIELDS = (
     "observedGeneration", "runtime", "classNames", "conditions", "classes", "warnings", "overhead", "nodes",
-    "unmanagedRuntimeClasses",
+    "unmanagedRuntimeClasses", "podAudit",
 )
+# status.podAudit lists at most this many pods (the counts cover them all): a status object
+# stays far below etcd's 1.5 MiB request limit whatever the number of pods breaking a rule.
+POD_AUDIT_LISTED = 50
+
+
+def pod_audit_status(findings: list[dict]) -> dict:
+    """Counts per class and rule over every finding, and the first POD_AUDIT_LISTED findings
+    (by namespace/name). Each finding: {pod, runtimeClass, class, rule, message}."""
+    counts: dict[tuple[str, str], set[str]] = {}
+    for f in findings:
+        counts.setdefault((f["class"], f["rule"]), set()).add(f["pod"])
+    rows = sorted(findings, key=lambda f: (f["pod"], f["rule"]))
+    return {
+        "pods": len({f["pod"] for f in findings}),
+        "counts": [{"class": c, "rule": r, "pods": len(p)} for (c, r), p in sorted(counts.items())],
+        "listed": rows[:POD_AUDIT_LISTED],
+        "truncated": len(rows) > POD_AUDIT_LISTED,
+    }
 
 
 def unmanaged_status(findings) -> list[dict]:
@@ -648,6 +756,9 @@ def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) 
     unmanaged = result.unmanaged if result.unmanaged is not None else previous.get("unmanagedRuntimeClasses")
     if unmanaged is not None:
         status["unmanagedRuntimeClasses"] = unmanaged
+    pod_audit = result.pod_audit if result.pod_audit is not None else previous.get("podAudit")
+    if pod_audit is not None:
+        status["podAudit"] = pod_audit
     return status
 
 
@@ -664,6 +775,8 @@ async def reconcile(
     nodes: list[NodeFacts] | None = None,
     audit_findings: list | None = None,
     children: LiveChildren | None = None,
+    admission_versions: dict[str, str] | None = None,
+    pod_findings: list[dict] | None = None,
 ) -> PassResult:
     """One pass for one policy: validate, render, apply the difference, write status if changed."""
     name = (body.get("metadata") or {}).get("name")
@@ -693,10 +806,12 @@ async def reconcile(
 
     rendered = render_policy(policy, nodes=nodes, sizing=sizing)
     guidance_errors = [str(p) for p in rendered.problems if p.severity == Severity.ERROR and p not in sizing.errors]
-    desired = build_desired(policy, rendered, body)
+    desired = build_desired(policy, rendered, body, admission_versions)
     cache.put(desired)  # before writing, so our own writes never look like drift
     applied = await apply_desired(api, desired, trigger, cache, sink, children)
-    applied.warnings = result.warnings + [f"node guidance: {e}" for e in guidance_errors]
+    applied.warnings = result.warnings + [f"node guidance: {e}" for e in guidance_errors] + [
+        f"admission: the API server does not serve {what}; not written" for what in desired.unserved
+        if not desired.unserved_expected(what)]
     applied.nodes = nodes_status(rendered) if nodes is not None else None
     if audit_findings is not None:
         applied.unmanaged = unmanaged_status(audit_findings)
@@ -707,6 +822,9 @@ async def reconcile(
                 f"{len(applied.unmanaged)} finding(s) on Kata RuntimeClasses no policy manages "
                 f"({len(errors)} error(s)); see status.unmanagedRuntimeClasses. First: "
                 f"{applied.unmanaged[0]['runtimeClass']}: {applied.unmanaged[0]['message']}"))
+    if pod_findings is not None:
+        applied.pod_audit = pod_audit_status(pod_findings)
+        announce_pod_audit(cache, sink, ref, name, body, applied.pod_audit)
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
     if applied.warnings != (body.get("status") or {}).get("warnings") and cache.first_time(
@@ -718,6 +836,27 @@ async def reconcile(
         sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))
     await _write_status(api, name, body, compute_status(body, applied, sizing))
     return applied
+
+
+def announce_pod_audit(cache: DesiredCache, sink: EventSink, ref: dict, name: str, body: dict, audit: dict) -> None:
+    """A Warning event when the list of pods outside their class changes (not on every pass, nor
+    again after a restart when the status already shows the same list)."""
+    listed = audit["listed"]
+    said = [(row["pod"], row["rule"]) for row in listed]
+    previous = ((body.get("status") or {}).get("podAudit") or {})
+    if previous.get("listed") == listed and previous.get("pods") == audit["pods"]:
+        cache.first_time(name, cond.EVENT_POD_AUDIT, (audit["pods"], tuple(said)))
+        return
+    if not listed:
+        cache.first_time(name, cond.EVENT_POD_AUDIT, None)  # forget: the next finding is news again
+        return
+    if not cache.first_time(name, cond.EVENT_POD_AUDIT, (audit["pods"], tuple(said))):
+        return
+    counts = ", ".join(f"{c['pods']} {c['rule']} on class {c['class']}" for c in audit["counts"])
+    first = listed[0]
+    sink(ref, "Warning", cond.EVENT_POD_AUDIT, (
+        f"{audit['pods']} Kata pod(s) outside their class ({counts}); see status.podAudit. "
+        f"First: {first['pod']}: {first['message']}"))
 
 
 def _conflict_already_said(body: dict, conflicts: list[str]) -> bool:

@@ -63,6 +63,15 @@ def default_resources() -> dict[str, kmock.ResourceInfo]:
             'CustomResourceDefinition', namespaced=False, shortnames=('crd', 'crds'), subresources=('status',)),
         'events.k8s.io/v1/events': _info('Event', namespaced=True, shortnames=('ev',)),
         'coordination.k8s.io/v1/leases': _info('Lease', namespaced=True),
+        # The generated admission objects (issue 10), as a 1.37 server serves them.
+        'admissionregistration.k8s.io/v1/validatingadmissionpolicies': _info(
+            'ValidatingAdmissionPolicy', namespaced=False, subresources=('status',)),
+        'admissionregistration.k8s.io/v1/validatingadmissionpolicybindings': _info(
+            'ValidatingAdmissionPolicyBinding', namespaced=False),
+        'admissionregistration.k8s.io/v1/mutatingadmissionpolicies': _info(
+            'MutatingAdmissionPolicy', namespaced=False),
+        'admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings': _info(
+            'MutatingAdmissionPolicyBinding', namespaced=False),
     }
 
 
