@@ -82,8 +82,8 @@ def bench_guidance(report: Callable[[str, str, str, str], None], quick: bool = F
         by_node: dict[str, list] = {}
         for pod in pods:
             found = summarize_pod(pod)
-            if found:
-                by_node.setdefault(found[0], []).append(found[1])
+            if found and found.node:
+                by_node.setdefault(found.node, []).append(found)
         facts = facts_for_nodes(summaries, by_node, KATA_LABEL, {"kata-fleet-m"})
         rendered = render_policy(policy, nodes=facts)
         runs.append(time.perf_counter() - start)

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Iterable, Mapping
 
 from .guidance import NodeFacts
+from .podfit import POLICY_LABEL, PodInputError, PodLimits, pod_limits
 from .quantity import QuantityError, cpu_cores, memory_bytes
 
 
@@ -28,13 +29,19 @@ class NodeSummary:
         return all(labels.get(key) == value for key, value in selector.items())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodRequest:
-    """A scheduled pod's effective memory request and the runtime class it runs under."""
+    """What the operator keeps of a pod: for node guidance, a scheduled pod's effective memory
+    request and runtime class; for the pod audit, the effective limits of a pod with a
+    runtimeClassName (or that asks a policy to route it), scheduled or not. A few dozen bytes
+    per pod (slots, no per-instance dict): 100,000 pods stay a few MiB."""
 
     pod: str  # namespace/name
     runtime_class: str | None
     memory_request_bytes: int
+    node: str | None = None
+    limits: PodLimits | None = None  # only for pods the audit may look at
+    routed_by: str | None = None  # the katasizing.dev/policy label of a pod without runtimeClassName
 
 
 def _memory(value: object) -> int:
@@ -90,18 +97,32 @@ def effective_memory_request(spec: Mapping) -> int:
     return max(app, init_peak) + overhead
 
 
-def summarize_pod(pod: Mapping) -> tuple[str, PodRequest] | None:
-    """(node name, request) for a pod that holds memory on a node; None otherwise."""
+def summarize_pod(pod: Mapping) -> PodRequest | None:
+    """The summary of a pod that holds memory on a node or that the pod audit looks at (a
+    runtimeClassName, or the label asking a policy to route it); None otherwise, and for a pod
+    that has finished (Succeeded, Failed)."""
     spec = pod.get("spec") or {}
-    node = spec.get("nodeName")
-    phase = (pod.get("status") or {}).get("phase")
-    if not node or phase in ("Succeeded", "Failed"):
+    node = spec.get("nodeName") or None
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
     meta = pod.get("metadata") or {}
-    return node, PodRequest(
+    runtime_class = spec.get("runtimeClassName") or None
+    routed_by = None if runtime_class else (meta.get("labels") or {}).get(POLICY_LABEL)
+    if node is None and runtime_class is None and routed_by is None:
+        return None
+    limits = None
+    if runtime_class is not None or routed_by is not None:
+        try:
+            limits = pod_limits(spec)
+        except PodInputError:
+            limits = None  # the API server validated it; nothing the audit can judge
+    return PodRequest(
         pod=f"{meta.get('namespace')}/{meta.get('name')}",
-        runtime_class=spec.get("runtimeClassName"),
-        memory_request_bytes=effective_memory_request(spec),
+        runtime_class=runtime_class,
+        memory_request_bytes=effective_memory_request(spec) if node is not None else 0,
+        node=node,
+        limits=limits,
+        routed_by=routed_by,
     )
 
 

@@ -23,7 +23,9 @@ from .audit import audit_runtime_classes
 from .informer import ChildCache, Informer, backoff_s
 from .kube import ApiError, KubeApi, TransientApiError
 from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
-from .model import GROUP, PLURAL, VERSION
+from .model import GROUP, PLURAL, VERSION, PolicyError, parse_policy
+from .podfit import check_limits
+from .sizing import size_policy
 from .workqueue import Retry, WorkQueue
 
 log = logging.getLogger("kata_sizing")
@@ -192,9 +194,61 @@ async def _node_facts(body: dict, memo: kopf.Memo) -> tuple | None:
 
 def _pods_by_node(memo: kopf.Memo) -> dict[str, list]:
     pods_by_node: dict[str, list] = {}
-    for node_name, request in memo.pods.items.values():
-        pods_by_node.setdefault(node_name, []).append(request)
+    for request in memo.pods.items.values():
+        if request.node is not None:
+            pods_by_node.setdefault(request.node, []).append(request)
     return pods_by_node
+
+
+def _pods_by_class(memo: kopf.Memo) -> dict[str, list]:
+    """The pods the audit looks at, by runtimeClassName (a routed-by label: by that policy)."""
+    by_class: dict[str, list] = {}
+    for request in memo.pods.items.values():
+        if request.limits is None:
+            continue
+        key = request.runtime_class or f"routed-by:{request.routed_by}"
+        by_class.setdefault(key, []).append(request)
+    return by_class
+
+
+def _sizing(memo: kopf.Memo, body: dict):
+    """The policy's sizing, memoized per generation; None when the policy is invalid."""
+    meta = body.get("metadata") or {}
+    key = ("sizing", meta.get("name"), meta.get("uid"), meta.get("generation"))
+
+    def compute():
+        try:
+            sizing = size_policy(parse_policy(body))
+        except PolicyError:
+            return None
+        return None if sizing.errors else sizing
+
+    return _memoized(memo, key, compute)
+
+
+def _pod_findings(memo: kopf.Memo, body: dict) -> list[dict] | None:
+    """The pod audit of one policy (issue 10, item 4): pods on its classes outside their class's
+    envelope or without a memory limit, and pods it was asked to route that have no class, by
+    the rule of the admission policies (podfit.check_limits). None until the pod cache synced,
+    or for an invalid policy (status keeps the last audit)."""
+    if not memo.pods.synced.is_set():
+        return None
+    sizing = _sizing(memo, body)
+    if sizing is None:
+        return None
+    by_class = _memoized(memo, ("pods-by-class", memo.pods.version), lambda: _pods_by_class(memo))
+    candidates = [p for c in sizing.classes for p in by_class.get(c.runtime_class, ())]
+    candidates += by_class.get(f"routed-by:{sizing.policy.name}", ())
+    findings = []
+    for request in candidates:
+        namespace, _, name = request.pod.partition("/")
+        for finding in check_limits(request.limits, request.runtime_class or "", sizing, namespace, name,
+                                    opted_in=request.routed_by == sizing.policy.name):
+            findings.append({
+                "pod": request.pod, "runtimeClass": finding.runtime_class, "class": finding.class_name or "none",
+                "rule": finding.rule, "action": finding.action, "message": finding.message,
+            })
+    return findings
 
 
 def _audit(memo: kopf.Memo) -> list | None:
@@ -222,13 +276,15 @@ async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple |
         if facts is None:
             facts = await _node_facts(body, memo)
         findings = _audit(memo)
+        pod_findings = _pod_findings(memo, body)
         with metrics.reconcile_pass(name, trigger) as current:
             current.done(await rc.reconcile(
                 memo.api, body, trigger, memo.cache, _event_sink, nodes=list(facts) if facts is not None else None,
                 audit_findings=findings, children=memo.children, admission_versions=memo.admission_versions,
+                pod_findings=pod_findings,
             ))
         # Only after success: a failed pass is retried, not taken as done.
-        memo.last_pass[name] = (inputs, facts, findings)
+        memo.last_pass[name] = (inputs, facts, findings, pod_findings)
 
 
 async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: tuple | None = None) -> None:
@@ -258,20 +314,22 @@ async def resync_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
 
 
 async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
-    """Debounced: at most once per interval, and only when this policy's node facts or the
-    audit of unmanaged RuntimeClasses changed. A change to some other policy's RuntimeClass
+    """Debounced: at most once per interval, and only when this policy's node facts, the
+    audit of unmanaged RuntimeClasses or the audit of its pods changed. A change to some other policy's RuntimeClass
     changes neither, so it does not make every policy reconcile."""
     name = body["metadata"]["name"]
     if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.last_pass:
         return
-    inputs, facts, findings = memo.last_pass[name]
+    inputs, facts, findings, pod_findings = memo.last_pass[name]
     if inputs == _inputs(memo):
         return
     now_inputs = _inputs(memo)
-    fresh = await _node_facts(_plain(body), memo)
+    plain = _plain(body)
+    fresh = await _node_facts(plain, memo)
     fresh_findings = _audit(memo)
-    if fresh == facts and fresh_findings == findings:
-        memo.last_pass[name] = (now_inputs, facts, findings)
+    fresh_pod_findings = _pod_findings(memo, plain)
+    if fresh == facts and fresh_findings == findings and fresh_pod_findings == pod_findings:
+        memo.last_pass[name] = (now_inputs, facts, findings, pod_findings)
         return
     await _reconcile(memo, body, "resync", retry, facts=fresh)
 

@@ -648,6 +648,36 @@ class UnmanagedRuntimeClass(_Status):
     fix: str = Field(default="", description="How to fix it.")
 
 
+class PodAuditCount(_Status):
+    """How many running pods of one class break one rule."""
+
+    class_name: str = Field(alias="class", description="The class (none: a pod asking to be routed that has no class).")
+    rule: str = Field(description="The rule id (docs/rules.md): pod-envelope-exceeded, pod-memory-limit-missing, pod-not-routed.")
+    pods: int = Field(description="Pods breaking it.")
+
+
+class PodAuditFinding(_Status):
+    """One running pod outside its class, with the admission policies' message."""
+
+    pod: str = Field(description="namespace/name.")
+    runtime_class: str = Field(description="Its runtimeClassName (empty: none).")
+    class_name: str = Field(alias="class", description="The policy's class of that RuntimeClass.")
+    rule: str = Field(description="The rule it breaks.")
+    action: Literal["Deny", "Warn", "Audit"] = Field(description="What spec.admission does with the rule at admission.")
+    message: str = Field(description="The pod's figures, the class envelope and the smallest class that fits.")
+
+
+class PodAuditStatus(_Status):
+    """Kata pods of this policy's classes that are outside their class's envelope or have no
+    memory limit (created before the policy, or admitted with Warn or Audit)."""
+
+    pods: int = Field(default=0, description="Pods with at least one finding.")
+    counts: list[PodAuditCount] = Field(default_factory=list, description="Pods per class and rule.")
+    listed: list[PodAuditFinding] = Field(
+        default_factory=list, description="The findings, by namespace/name; at most 50 (see truncated).")
+    truncated: bool = Field(default=False, description="More findings exist than are listed.")
+
+
 class KataSizingPolicyStatus(_Status):
     observed_generation: int | None = Field(
         default=None, description="The policy generation the operator last acted on."
@@ -669,6 +699,8 @@ class KataSizingPolicyStatus(_Status):
         default_factory=list,
         description="Audit of Kata RuntimeClasses on the cluster that no policy manages.",
     )
+    pod_audit: PodAuditStatus | None = Field(
+        default=None, description="Audit of the running pods of this policy's classes (from the operator's pod cache).")
 
 
 class KataSizingPolicy(_Model):
