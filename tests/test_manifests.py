@@ -67,6 +67,10 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "configmaps"): READ_WRITE,
     ("", "nodes"): ("list", "watch"),
     ("", "pods"): ("list", "watch"),
+    **{("admissionregistration.k8s.io", kind): READ_WRITE for kind in (
+        "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+        "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
+    ("", "namespaces"): ("get",),
 }
 
 

@@ -4,6 +4,8 @@ the tests call these functions; the optional webhook server is wired in `operato
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 
 from .model import PolicyError, parse_policy
@@ -12,6 +14,9 @@ from .sizing import size_policy
 # kopf serves each admission handler at /<handler id>; manifests/webhook/ points the
 # ValidatingWebhookConfiguration at this path.
 VALIDATE_HANDLER_ID = "validate-policy"
+# The routing of opted-in pods where the server serves no MutatingAdmissionPolicy: overlays/webhook/
+# points the MutatingWebhookConfiguration at /route-pod (served by operator_main's server itself).
+ROUTE_POD_PATH_ID = "route-pod"
 
 
 def admission_problems(body: Mapping) -> tuple[list[str], list[str]]:
@@ -38,6 +43,23 @@ def needs_review(operation: str | None, old: Mapping | None, new: Mapping | None
 
 ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_UID_CHARS = 128
+
+
+def pod_to_route(review: dict) -> tuple[dict, str] | None:
+    """(the pod, its namespace) when the review is the creation of a Pod without a
+    runtimeClassName (the only reviews the routing changes), else None."""
+    request = review["request"]
+    kind = request.get("kind") or {}
+    pod = request.get("object")
+    if (request.get("operation") != "CREATE" or kind.get("kind") != "Pod" or kind.get("group")
+            or request.get("subResource") or not isinstance(pod, dict)):
+        return None
+    if (pod.get("spec") or {}).get("runtimeClassName"):
+        return None
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+    # The API server sends a pod created by a controller with generateName and no name yet.
+    metadata = {**(pod.get("metadata") or {}), "namespace": namespace}
+    return {**pod, "metadata": metadata}, namespace
 
 
 def review_problem(review: object) -> str | None:
@@ -70,11 +92,15 @@ def review_problem(review: object) -> str | None:
 
 
 def review_response(review: dict, allowed: bool, message: str = "", code: int = 0,
-                    warnings: list[str] | None = None) -> dict:
-    """An AdmissionReview answer to a well-formed review (review_problem returned None)."""
+                    warnings: list[str] | None = None, patch: list[dict] | None = None) -> dict:
+    """An AdmissionReview answer to a well-formed review (review_problem returned None); `patch`
+    (JSON patch operations) makes it a mutation."""
     response: dict = {"uid": review["request"]["uid"], "allowed": allowed}
     if message:
         response["status"] = {"code": code, "message": message}
     if warnings:
         response["warnings"] = warnings
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     return {"apiVersion": review["apiVersion"], "kind": "AdmissionReview", "response": response}

@@ -24,7 +24,7 @@ from .informer import ChildCache, Informer, backoff_s
 from .kube import ApiError, KubeApi, TransientApiError
 from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
 from .model import GROUP, PLURAL, VERSION, PolicyError, parse_policy
-from .podfit import check_limits
+from .podfit import POLICY_LABEL, PodInputError, check_limits, route_patch
 from .sizing import size_policy
 from .workqueue import Retry, WorkQueue
 
@@ -100,6 +100,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         lambda item: _process(memo, item), workers=DRIFT_WORKERS, retry_base_s=RETRY_BASE_S,
         retry_cap_s=RETRY_CAP_S, name="drift", gate=memo.leader.wait_leading if memo.leader else None,
     )
+    install_pod_routing(settings, memo)
     memo.background = [
         *([asyncio.create_task(memo.leader.run(), name="leader-election")] if memo.leader else []),
         asyncio.create_task(memo.nodes.run(), name="nodes-informer"),
@@ -426,6 +427,52 @@ async def validate_policy(
         # 422, as the API server answers an object that breaks its own schema.
         raise kopf.AdmissionError("; ".join(errors), code=422)
     warnings.extend(found_warnings)  # kubectl prints these as "Warning: ..."
+
+
+# --- routing of opted-in pods through the operator's webhook (no MutatingAdmissionPolicy) ------
+
+
+def routes_through_webhook(routing: str, admission_versions: dict[str, str]) -> bool:
+    """Whether this operator's webhook routes a policy's pods: routing Webhook, or Auto on a server
+    that serves no MutatingAdmissionPolicy (the MAP the operator writes otherwise does it)."""
+    if routing == "Webhook":
+        return True
+    return routing == "Auto" and "MutatingAdmissionPolicy" not in admission_versions
+
+
+async def route_pod(memo: kopf.Memo, review: dict) -> dict:
+    """The mutating webhook (failurePolicy Ignore): a pod labelled katasizing.dev/policy=<name>
+    (or in a namespace so labelled) without a runtimeClassName gets the smallest class of that
+    policy that covers its limits (podfit.route_patch, the rule the MutatingAdmissionPolicy
+    applies). Never refuses: a pod it cannot route is let through unchanged, and the
+    ValidatingAdmissionPolicy refuses it with the reason (rule pod-not-routed)."""
+    found = adm.pod_to_route(review)
+    if found is None:
+        return adm.review_response(review, allowed=True)
+    pod, namespace = found
+    try:
+        name = ((pod.get("metadata") or {}).get("labels") or {}).get(POLICY_LABEL)
+        namespace_labels = None
+        if not name:
+            namespace_obj = await memo.api.read_namespace(namespace)
+            namespace_labels = ((namespace_obj or {}).get("metadata") or {}).get("labels") or {}
+            name = namespace_labels.get(POLICY_LABEL)
+        body = await memo.api.read_policy(name) if name else None
+        sizing = _sizing(memo, body) if body is not None else None
+        if sizing is None or not routes_through_webhook(sizing.policy.spec.admission.routing, memo.admission_versions):
+            return adm.review_response(review, allowed=True)
+        patch = route_patch(pod, sizing, namespace_labels)
+    except (ApiError, PodInputError) as exc:
+        log.warning("pod %s/%s not routed: %s", namespace, (pod.get("metadata") or {}).get("name"), exc)
+        return adm.review_response(review, allowed=True, warnings=[f"kata-sizing could not route this pod: {exc}"])
+    metrics.admission([], [], routed=bool(patch))
+    return adm.review_response(review, allowed=True, patch=patch)
+
+
+def install_pod_routing(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
+    routes = getattr(settings.admission.server, "routes", None)
+    if routes is not None:
+        routes[adm.ROUTE_POD_PATH_ID] = lambda review: route_pod(memo, review)
 
 
 def build_registry(admission: bool = False) -> kopf.OperatorRegistry:

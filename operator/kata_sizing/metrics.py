@@ -72,7 +72,8 @@ API_ERRORS = Counter(
     ["status"], registry=REGISTRY,
 )
 ADMISSIONS = Counter(
-    "kata_sizing_webhook_admissions", "Admission reviews of policies answered by the webhook.",
+    "kata_sizing_webhook_admissions",
+    "Admission reviews answered by the webhook: policies allowed, warned or denied; pods routed.",
     ["result"], registry=REGISTRY,
 )
 
@@ -167,8 +168,8 @@ def api_error(status: int | None) -> None:
     API_ERRORS.labels(str(status) if status else "none").inc()
 
 
-def admission(errors: list[str], warnings: list[str]) -> None:
-    ADMISSIONS.labels("denied" if errors else "warned" if warnings else "allowed").inc()
+def admission(errors: list[str], warnings: list[str], routed: bool = False) -> None:
+    ADMISSIONS.labels("denied" if errors else "warned" if warnings else "routed" if routed else "allowed").inc()
 
 
 def policy_status(policy: str, status: Mapping[str, Any]) -> None:

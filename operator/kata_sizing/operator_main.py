@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp.web
@@ -30,10 +31,17 @@ class WebhookOptions:
 class BoundedWebhookServer(kopf.WebhookServer):
     """kopf's webhook server, with its request handling made total: a body that is not an
     AdmissionReview gets HTTP 400 with the reason (kopf answers some of those with 500 and
-    a traceback in the log), and a well-formed review always gets an AdmissionReview back."""
+    a traceback in the log), and a well-formed review always gets an AdmissionReview back.
 
-    @staticmethod
-    async def _serve(fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # noqa: ANN001 - kopf's
+    `routes` maps a path id to a review handler of the operator's own, served before kopf's
+    handlers: the routing of opted-in pods (admission.ROUTE_POD_PATH_ID), which is no kopf
+    handler because kopf would then resolve and follow Pods as a resource of its own."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.routes: dict[str, Callable[[dict], Awaitable[dict]]] = {}
+
+    async def _serve(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # noqa: ANN001 - kopf's
         try:
             text = await request.read()
             review = bounded.load_json(text, "the request body")
@@ -44,7 +52,10 @@ class BoundedWebhookServer(kopf.WebhookServer):
             raise aiohttp.web.HTTPBadRequest(text=f"not an AdmissionReview request: {problem}")
         headers = dict(request.headers)
         sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+        route = self.routes.get(request.match_info.get("id") or "")
         try:
+            if route is not None:
+                return aiohttp.web.json_response(await route(review))
             answer = await fn(review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers)
         except WebhookError as exc:
             # A review of a resource this operator has no rule for: nothing to refuse.

@@ -1,0 +1,335 @@
+"""The operator and the admission objects of issue 10 against the real kube-apiserver: it writes
+each policy's ValidatingAdmissionPolicies, MutatingAdmissionPolicy and bindings, puts back a hand
+edit or deletion, leaves a foreign object alone, removes them with the policy (and the real garbage
+collector does when the operator is stopped); the pods the server stored against the rules are
+listed in status.podAudit with a Warning event; and the webhook fallback routes a pod through a real
+MutatingWebhookConfiguration. The admission rules themselves are tests/test_real_admission.py's.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.realcluster import POLICIES, ApiError, ControlPlane, free_port, poll
+from tests.test_real_operator import create_ready, qemu_rs, quiet, render, status, wait_observed
+
+pytestmark = pytest.mark.realserver
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+KINDS = {
+    "ValidatingAdmissionPolicy": f"{ADMISSION}/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": f"{ADMISSION}/validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": f"{ADMISSION}/mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": f"{ADMISSION}/mutatingadmissionpolicybindings",
+}
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def admission_objects(cp: ControlPlane, policy: str) -> dict[tuple[str, str], dict]:
+    return {(kind, name): obj for kind, path in KINDS.items()
+            for name, obj in cp.items(path, f"katasizing.dev/policy={policy}").items()}
+
+
+def expected_admission(body: dict, tmp_path: Path) -> dict[tuple[str, str], dict]:
+    return {key: obj for key, obj in render(body, tmp_path).items() if key[0] in KINDS}
+
+
+def path_of(key: tuple[str, str]) -> str:
+    return f"{KINDS[key[0]]}/{key[1]}"
+
+
+def pod(name: str, runtime_class: str | None = None, labels: dict | None = None, namespace: str = "default",
+        **limits: str) -> dict:
+    spec: dict = {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                  "resources": {"limits": limits} if limits else {}}]}
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "namespace": namespace, **({"labels": labels} if labels else {})}, "spec": spec}
+
+
+def events(cp: ControlPlane, reason: str) -> list[dict]:
+    """Events about policies (kopf posts those of cluster-scoped objects into "default")."""
+    found = cp.items("/api/v1/namespaces/default/events")
+    return [e for e in found.values() if e.get("reason") == reason]
+
+
+def delete_pods(cp: ControlPlane, *paths: str) -> None:
+    for path in paths:
+        cp.delete(path)
+
+
+# --- the admission objects as managed outputs ------------------------------------------------------
+
+
+def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and_deletions(
+        control_plane, real_operator, tmp_path):
+    cp = control_plane
+    real_operator.start()
+    body = qemu_rs("gate")
+    create_ready(cp, body)
+    expected = expected_admission(body, tmp_path)
+    assert {k for k, _ in expected} == set(KINDS), sorted(expected)
+    live = admission_objects(cp, "gate")
+    assert sorted(live) == sorted(expected)
+    uid = cp.get(f"{POLICIES}/gate")["metadata"]["uid"]
+    for key, obj in live.items():
+        # Owned by the cluster-scoped policy: the garbage collector removes them with it.
+        assert [(o["kind"], o["uid"], o.get("controller")) for o in obj["metadata"]["ownerReferences"]] == [
+            ("KataSizingPolicy", uid, True)], key
+        assert obj["metadata"]["labels"] == expected[key]["metadata"]["labels"]
+        for field, value in expected[key]["spec"].items():
+            assert obj["spec"][field] == value, (key, field)
+    quiet(cp)
+
+    envelope = ("ValidatingAdmissionPolicy", "kata-sizing-gate-envelope")
+    binding = ("ValidatingAdmissionPolicyBinding", "kata-sizing-gate-memory-limit")
+    route = ("MutatingAdmissionPolicyBinding", "kata-sizing-gate-route")
+    good = copy.deepcopy(live)
+    cp.edit(path_of(envelope), lambda o: o["spec"]["validations"][0].update(expression="true"))
+    poll(lambda: cp.get(path_of(envelope))["spec"]["validations"] == good[envelope]["spec"]["validations"], 10,
+         "the envelope validation put back")
+    cp.edit(path_of(binding), lambda o: o["spec"].update(validationActions=["Audit"]))
+    poll(lambda: cp.get(path_of(binding))["spec"]["validationActions"] == good[binding]["spec"]["validationActions"],
+         10, "the binding's action put back")
+    # A field the policy leaves to the server's default, changed by hand, is drift too.
+    cp.edit(path_of(binding), lambda o: o["spec"].update(paramRef={"name": "x", "parameterNotFoundAction": "Allow"}))
+    poll(lambda: "paramRef" not in cp.get(path_of(binding))["spec"], 10, "the added paramRef removed")
+    cp.delete(path_of(route))
+    poll(lambda: cp.get(path_of(route)), 10, "the deleted MutatingAdmissionPolicyBinding re-created")
+    # Somebody else's label is not drift.
+    cp.edit(path_of(envelope), lambda o: o["metadata"]["labels"].update({"team": "platform"}))
+    st = poll(lambda: (lambda s: s if int(s.get("driftCorrections") or 0) >= 4 else None)(status(cp, "gate")), 10,
+              lambda: f"status: {status(cp, 'gate')}")
+    quiet(cp)
+    assert cp.get(path_of(envelope))["metadata"]["labels"]["team"] == "platform"
+    assert int(status(cp, "gate").get("driftCorrections")) == int(st["driftCorrections"])
+
+
+def test_a_policy_change_rewrites_them_and_routing_webhook_removes_the_mutating_policy(
+        control_plane, real_operator, tmp_path):
+    cp = control_plane
+    real_operator.start()
+    body = qemu_rs("reshape")
+    create_ready(cp, body)
+    envelope = ("ValidatingAdmissionPolicy", "kata-sizing-reshape-envelope")
+    before = admission_objects(cp, "reshape")[envelope]
+    body["spec"]["classes"][0]["memory"] = "2Gi"
+    body["spec"]["admission"] = {"routing": "Webhook", "envelopeExceeded": "Warn"}
+    cp.apply(body)
+    wait_observed(cp, "reshape", Ready="True")
+    expected = expected_admission(body, tmp_path)
+    poll(lambda: sorted(admission_objects(cp, "reshape")) == sorted(expected), 10,
+         lambda: f"{sorted(admission_objects(cp, 'reshape'))} != {sorted(expected)}")
+    live = admission_objects(cp, "reshape")
+    assert not any(kind.startswith("Mutating") for kind, _ in live)
+    assert live[envelope]["spec"]["variables"] == expected[envelope]["spec"]["variables"] != \
+        before["spec"]["variables"]
+    binding = live[("ValidatingAdmissionPolicyBinding", "kata-sizing-reshape-envelope")]
+    assert binding["spec"]["validationActions"] == ["Warn"]
+    # The operator said why the MAP is gone: nothing, because Webhook asked for it; no warning.
+    assert not [w for w in status(cp, "reshape").get("warnings") or [] if "admission" in w]
+
+
+def test_a_foreign_admission_policy_with_one_of_its_names_is_a_conflict_and_never_touched(
+        control_plane, real_operator):
+    cp = control_plane
+    foreign = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": "kata-sizing-taken-envelope"},
+               "spec": {"policyName": "somebody-elses", "validationActions": ["Audit"]}}
+    created = cp.create(KINDS["ValidatingAdmissionPolicyBinding"], foreign)
+    try:
+        real_operator.start()
+        cp.apply(qemu_rs("taken"))
+        st = wait_observed(cp, "taken", Conflict="True")
+        assert "kata-sizing-taken-envelope" in json.dumps(st["conditions"])
+        live = cp.get(f"{KINDS['ValidatingAdmissionPolicyBinding']}/kata-sizing-taken-envelope")
+        assert live["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+        writes = cp.operator_writes(real_operator.started_at_offset, "validatingadmissionpolicybindings")
+        assert all(w.name != "kata-sizing-taken-envelope" for w in writes), writes
+        assert events(cp, "Conflict")
+    finally:
+        cp.delete(f"{KINDS['ValidatingAdmissionPolicyBinding']}/kata-sizing-taken-envelope")
+
+
+def test_report_mode_reports_a_hand_edit_of_an_admission_policy_and_leaves_it(control_plane, real_operator):
+    cp = control_plane
+    real_operator.start()
+    create_ready(cp, qemu_rs("watched", driftPolicy="Report"))
+    quiet(cp)
+    path = f"{KINDS['ValidatingAdmissionPolicyBinding']}/kata-sizing-watched-envelope"
+    cp.edit(path, lambda o: o["spec"].update(validationActions=["Audit"]))
+    poll(lambda: int(status(cp, "watched").get("driftDetected") or 0) >= 1, 10,
+         lambda: f"status: {status(cp, 'watched')}")
+    time.sleep(1.5)
+    assert cp.get(path)["spec"]["validationActions"] == ["Audit"]
+    writes = cp.operator_writes(real_operator.started_at_offset, "validatingadmissionpolicybindings")
+    assert [w.verb for w in writes] == ["create", "create"], writes
+
+
+def test_deleting_the_policy_removes_them_and_the_garbage_collector_does_with_the_operator_stopped(
+        control_plane, real_operator):
+    cp = control_plane
+    real_operator.start()
+    create_ready(cp, qemu_rs("finalized"))
+    create_ready(cp, qemu_rs("collected"))
+    assert len(admission_objects(cp, "finalized")) == len(admission_objects(cp, "collected")) == 6
+    cp.kubectl("delete", "ksp", "finalized", "--timeout=30s")
+    assert admission_objects(cp, "finalized") == {}
+
+    real_operator.stop()
+    cp.kubectl("delete", "ksp", "collected", "--wait=false")
+    cp.kubectl("patch", "ksp", "collected", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    poll(lambda: admission_objects(cp, "collected") == {}, 60,
+         lambda: f"left by the garbage collector: {sorted(admission_objects(cp, 'collected'))}")
+
+
+# --- the audit of running pods -------------------------------------------------------------------
+
+
+def test_pods_stored_against_the_rules_are_listed_in_status_with_one_warning_event_per_change(
+        control_plane, real_operator):
+    cp = control_plane
+    real_operator.start()
+    # Audit: the API server admits them and records an audit annotation; the operator lists them.
+    create_ready(cp, qemu_rs("podaudit", admission={"memoryLimitMissing": "Audit", "envelopeExceeded": "Audit"}))
+    names = {c["name"]: c["runtimeClass"] for c in status(cp, "podaudit")["classes"]}
+    pods = [pod("audit-too-big", names["s"], cpu="1", memory="3Gi"),
+            pod("audit-no-memory-limit", names["m"], cpu="1"),
+            pod("audit-fits", names["s"], cpu="500m", memory="512Mi"),
+            pod("audit-other-class", None, cpu="64", memory="512Gi")]
+    try:
+        # The ValidatingAdmissionPolicy may take a moment to be enforced; Audit admits either way.
+        for p in pods:
+            cp.apply(p)
+        st = poll(lambda: (lambda a: a if a.get("pods") == 2 else None)(status(cp, "podaudit").get("podAudit") or {}),
+                  20, lambda: f"status: {status(cp, 'podaudit').get('podAudit')}")
+        assert st["counts"] == [
+            {"class": "m", "rule": "pod-memory-limit-missing", "pods": 1},
+            {"class": "s", "rule": "pod-envelope-exceeded", "pods": 1},
+        ]
+        by_pod = {row["pod"]: row for row in st["listed"]}
+        assert sorted(by_pod) == ["default/audit-no-memory-limit", "default/audit-too-big"]
+        too_big = by_pod["default/audit-too-big"]
+        assert too_big["runtimeClass"] == names["s"] and too_big["action"] == "Audit"
+        assert "3Gi" in too_big["message"] and names["m"] in too_big["message"], too_big["message"]
+        assert st["truncated"] is False
+        poll(lambda: len(events(cp, "PodAudit")) == 1, 10, lambda: f"events: {events(cp, 'PodAudit')}")
+        announced = events(cp, "PodAudit")[0]
+        assert announced["type"] == "Warning" and "2 Kata pod(s) outside their class" in announced["message"]
+        time.sleep(3)  # three guidance ticks: nothing changed, so nothing is said again
+        assert [e.get("count", 1) for e in events(cp, "PodAudit")] == [announced.get("count", 1)]
+
+        cp.delete(f"{PODS}/audit-too-big")
+        poll(lambda: (status(cp, "podaudit").get("podAudit") or {}).get("pods") == 1, 20,
+             lambda: f"status: {status(cp, 'podaudit').get('podAudit')}")
+        poll(lambda: sum(e.get("count", 1) for e in events(cp, "PodAudit")) == 2, 10,
+             lambda: f"events: {events(cp, 'PodAudit')}")
+    finally:
+        delete_pods(cp, *(f"{PODS}/{p['metadata']['name']}" for p in pods))
+
+
+def test_pods_created_before_the_admission_policies_are_audited(control_plane, real_operator):
+    cp = control_plane
+    real_operator.start()
+    body = qemu_rs("late", admission={"enabled": False})
+    create_ready(cp, body)
+    assert admission_objects(cp, "late") == {}
+    runtime_class = {c["name"]: c["runtimeClass"] for c in status(cp, "late")["classes"]}["s"]
+    big = pod("late-too-big", runtime_class, cpu="4", memory="1Gi")
+    try:
+        cp.apply(big)  # no admission policy yet: stored as it is
+        body["spec"]["admission"] = {"enabled": True}
+        cp.apply(body)
+        wait_observed(cp, "late", Ready="True")
+        audit = poll(lambda: (status(cp, "late").get("podAudit") or {}).get("listed"), 20,
+                     lambda: f"status: {status(cp, 'late')}")
+        assert [(r["pod"], r["rule"], r["action"]) for r in audit] == [
+            ("default/late-too-big", "pod-envelope-exceeded", "Deny")]
+        # The same pod is now refused at admission, with the same rule.
+        again = pod("late-too-big-again", runtime_class, cpu="4", memory="1Gi")
+        refused = poll(lambda: (lambda r: r if r.returncode != 0 else cp.delete(f"{PODS}/late-too-big-again"))(
+            cp.apply(again, check=False)), 20, "the envelope policy refuses the pod")
+        assert "kata-sizing-late-envelope" in refused.stderr, refused.stderr
+    finally:
+        delete_pods(cp, f"{PODS}/late-too-big", f"{PODS}/late-too-big-again")
+
+
+# --- the webhook fallback of the routing -----------------------------------------------------------
+
+
+def test_the_webhook_fallback_routes_an_opted_in_pod_through_a_real_mutating_webhook_configuration(
+        control_plane, real_operator, tmp_path):
+    from tests.test_webhook import write_self_signed_cert
+
+    cp = control_plane
+    cert, key = write_self_signed_cert(tmp_path)
+    port = free_port()
+    real_operator.start("--webhook-port", str(port), "--webhook-addr", "127.0.0.1",
+                        "--webhook-cert", str(cert), "--webhook-key", str(key))
+    # As overlays/webhook/ registers it, with a URL instead of the Service (no pod network here)
+    # and the caBundle set by the test (cert-manager's job in production).
+    shipped = yaml.safe_load((ROOT / "overlays/webhook/mutatingwebhookconfiguration.yaml").read_text())
+    config = copy.deepcopy(shipped)
+    config["metadata"] = {"name": "kata-sizing-routing-test"}
+    for hook in config["webhooks"]:
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{hook['clientConfig']['service']['path']}",
+                                "caBundle": base64.b64encode(cert.read_bytes()).decode()}
+    cp.apply(config)
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": "routed-by-namespace", "labels": {"katasizing.dev/policy": "routed"}}}
+    created: list[str] = []
+    try:
+        create_ready(cp, qemu_rs("routed", admission={"routing": "Webhook"}))
+        assert not [k for k in admission_objects(cp, "routed") if k[0].startswith("Mutating")]
+        classes = {c["name"]: c for c in status(cp, "routed")["classes"]}
+
+        def routed(body: dict) -> dict | None:
+            path = f"/api/v1/namespaces/{body['metadata']['namespace']}/pods/{body['metadata']['name']}"
+            cp.apply(body)
+            created.append(path)
+            stored = cp.get(path)
+            if stored["spec"].get("runtimeClassName"):
+                return stored
+            cp.delete(path)  # the API server had not seen the webhook configuration yet
+            poll(lambda: cp.get(path) is None, 10, "the unrouted pod deleted")
+            return None
+
+        # 1.5 CPU, 2Gi: more than s (1, 1Gi), within m (2, 4Gi).
+        stored = poll(lambda: routed(pod("routed-by-label", labels={"katasizing.dev/policy": "routed"},
+                                         cpu="1500m", memory="2Gi")), 20, "the webhook routes the pod")
+        assert stored["spec"]["runtimeClassName"] == classes["m"]["runtimeClass"]
+        # The RuntimeClass plugin ran again after the mutation: overhead is the class's podFixed.
+        pod_fixed = cp.get(f"/apis/node.k8s.io/v1/runtimeclasses/{classes['m']['runtimeClass']}")["overhead"]["podFixed"]
+        assert stored["spec"]["overhead"] == pod_fixed
+        assert stored["spec"]["nodeSelector"] == {"katacontainers.io/kata-runtime": "true"}
+
+        # A pod without the label in a namespace that carries it: the operator reads the namespace.
+        cp.apply(namespace)
+        poll(lambda: cp.get("/api/v1/namespaces/routed-by-namespace/serviceaccounts/default"), 30,
+             "the namespace's default ServiceAccount")
+        stored = poll(lambda: routed(pod("routed-by-namespace", namespace="routed-by-namespace",
+                                         cpu="500m", memory="512Mi")), 20, "the webhook routes the pod")
+        assert stored["spec"]["runtimeClassName"] == classes["s"]["runtimeClass"]
+
+        # A pod that fits no class keeps no class, and the envelope policy refuses it with the reason.
+        too_big = pod("routed-too-big", labels={"katasizing.dev/policy": "routed"}, cpu="64", memory="1Ti")
+        refused = poll(lambda: (lambda r: r if r.returncode != 0 else cp.delete(f"{PODS}/routed-too-big"))(
+            cp.apply(too_big, check=False)), 20, "the unroutable pod refused")
+        assert "fit no class" in refused.stderr, refused.stderr
+        created.append(f"{PODS}/routed-too-big")
+    finally:
+        delete_pods(cp, *created)
+        cp.delete(f"{ADMISSION}/mutatingwebhookconfigurations/kata-sizing-routing-test")
+        try:
+            cp.delete("/api/v1/namespaces/routed-by-namespace")
+        except ApiError:
+            pass
