@@ -103,14 +103,13 @@ def _guarded_pod_fixed_differences(desired: dict, live: dict) -> list[str]:
     return ["overhead.podFixed"]
 
 
-# Keys of an admission object's spec the API server fills in when the policy leaves them out
-# (admissionregistration/v1 defaults.go: failurePolicy Fail, matchPolicy Equivalent, empty
-# namespace/object selectors, rule scope "*", reinvocationPolicy Never, parameterNotFoundAction
-# Deny). Where the desired spec sets one, it is compared like any other field.
-SERVER_DEFAULTED_KEYS = frozenset({
-    "failurePolicy", "matchPolicy", "namespaceSelector", "objectSelector", "scope", "reinvocationPolicy",
-    "parameterNotFoundAction",
-})
+# What the API server fills in on an admission object's spec where the policy leaves a field out
+# (admissionregistration/v1 defaults.go): a field at exactly this value is the server's, not drift;
+# at any other value (a hand-made objectSelector, failurePolicy Ignore) it is drift.
+SERVER_DEFAULTS: dict[str, object] = {
+    "failurePolicy": "Fail", "matchPolicy": "Equivalent", "namespaceSelector": {}, "objectSelector": {},
+    "scope": "*", "reinvocationPolicy": "Never", "parameterNotFoundAction": "Deny",
+}
 
 
 def is_admission_kind(kind: str) -> bool:
@@ -119,8 +118,8 @@ def is_admission_kind(kind: str) -> bool:
 
 def spec_differences(desired: object, live: object, path: str = "spec") -> list[str]:
     """Where `live` differs from `desired`: every value the desired object sets, lists element by
-    element and of the same length, and no key the desired object leaves out, but for the ones
-    the server defaults (SERVER_DEFAULTED_KEYS)."""
+    element and of the same length, and no key the desired object leaves out unless the server
+    put it there (SERVER_DEFAULTS)."""
     if isinstance(desired, dict) and isinstance(live, dict):
         found = []
         for key, want in desired.items():
@@ -128,7 +127,8 @@ def spec_differences(desired: object, live: object, path: str = "spec") -> list[
                 found.append(f"{path}.{key}")
             else:
                 found += spec_differences(want, live[key], f"{path}.{key}")
-        found += [f"{path}.{key}" for key in live if key not in desired and key not in SERVER_DEFAULTED_KEYS]
+        found += [f"{path}.{key}" for key, value in live.items()
+                  if key not in desired and not (key in SERVER_DEFAULTS and SERVER_DEFAULTS[key] == value)]
         return found
     if isinstance(desired, list) and isinstance(live, list):
         if len(desired) != len(live):
