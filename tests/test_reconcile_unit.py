@@ -230,8 +230,9 @@ def policy_body(**spec) -> dict:
 
 
 def desired_objects(body: dict) -> tuple[list[dict], list[dict]]:
+    """(the RuntimeClasses, every other object: ConfigMaps and admission objects)."""
     rendered = render_policy(parse_policy(body))
-    return rendered.runtime_classes, rendered.configmaps
+    return rendered.runtime_classes, rendered.configmaps + rendered.admission
 
 
 def in_sync_cluster(body: dict, allow=READS) -> FakeApi:
@@ -403,13 +404,16 @@ def test_an_invalid_pass_keeps_the_last_valid_classes_in_status():
 
 def test_first_pass_creates_every_object_and_writes_status_once():
     body = policy_body()
-    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "patch_policy_status"})
+    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "create_admission_object",
+                                                 "patch_policy_status"})
     sink = Sink()
     result = run(rc.reconcile(api, body, "apply", rc.DesiredCache(), sink))
     rcs, cms = desired_objects(body)
     assert sorted(c[1] for c in api.writes if c[0] == "create_runtime_class") == sorted(
         o["metadata"]["name"] for o in rcs)
-    assert len([c for c in api.writes if c[0] == "create_config_map"]) == len(cms)
+    assert len([c for c in api.writes if c[0] == "create_config_map"]) == len([o for o in cms if o["kind"] == "ConfigMap"])
+    assert sorted(c[1:] for c in api.writes if c[0] == "create_admission_object") == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in cms if o["kind"] != "ConfigMap")
     assert [c[0] for c in api.writes].count("patch_policy_status") == 1
     assert sink.reasons() == [("Normal", cond.EVENT_APPLIED)]
     assert not result.conflicts and not result.invalid
@@ -490,7 +494,10 @@ def test_kata_deploy_mode_guards_without_owning():
     body = policy_body(runtimeClass={**example()["spec"]["runtimeClass"], "managedBy": "KataDeploy"})
     policy = parse_policy(body)
     desired = rc.build_desired(policy, render_policy(policy), body)
-    assert all(k[0] == "ConfigMap" for k in desired.owned)
+    # The operator owns what it creates: the ConfigMaps and the admission objects, not the chart's classes.
+    assert {k[0] for k in desired.owned} == {"ConfigMap", "ValidatingAdmissionPolicy",
+                                              "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
+                                              "MutatingAdmissionPolicyBinding"}
     assert {k[2] for k in desired.guarded} == {f"kata-qemu-rs-{c}" for c in ("s", "m", "l", "xl")}
     for obj in desired.guarded.values():
         assert "ownerReferences" not in obj["metadata"]
@@ -623,7 +630,8 @@ def test_a_policy_warning_is_an_event_once_and_stays_in_status():
     body = policy_body(classes=[{"name": "m", "cpu": "2", "memory": "2Gi", "overheadVcpus": "0.5",
                                  "overheadMemory": "128Mi", "defaultVcpus": 2, "defaultMemory": "1024Mi",
                                  "podFixed": {"cpu": "600m", "memory": "160Mi"}}])
-    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "patch_policy_status"})
+    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "create_admission_object",
+                                                 "patch_policy_status"})
     sink = Sink()
     run(rc.reconcile(api, body, "apply", rc.DesiredCache(), sink))
     assert ("Warning", cond.EVENT_WARNING) in sink.reasons()
@@ -636,3 +644,86 @@ def test_a_policy_warning_is_an_event_once_and_stays_in_status():
     sink = Sink()
     run(rc.reconcile(again, body, "resync", rc.DesiredCache(), sink))
     assert sink.events == [] and again.writes == []
+
+
+# --- admission objects: what is drift and what is the server's default --------------------------
+
+
+@pytest.mark.parametrize("live, expected", [
+    ({"policyName": "p", "validationActions": ["Deny"]}, []),
+    # The server's defaults, at their default values.
+    ({"policyName": "p", "validationActions": ["Deny"], "matchResources": {}}, ["spec.matchResources"]),
+    ({"policyName": "p", "validationActions": ["Audit"]}, ["spec.validationActions[0]"]),
+    ({"policyName": "p", "validationActions": ["Deny", "Audit"]}, ["spec.validationActions"]),
+    ({"validationActions": ["Deny"]}, ["spec.policyName"]),
+    ({"policyName": "p", "validationActions": ["Deny"], "paramRef": {"name": "x"}}, ["spec.paramRef"]),
+], ids=["equal", "added-block", "changed-value", "longer-list", "removed", "added-field"])
+def test_spec_differences_of_a_binding(live, expected):
+    assert rc.spec_differences({"policyName": "p", "validationActions": ["Deny"]}, live) == expected
+
+
+def test_spec_differences_ignore_what_the_server_defaults_only_at_its_default_value():
+    desired = {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "resources": ["pods"]}]}}
+    defaulted = {"failurePolicy": "Fail", "matchConstraints": {
+        "matchPolicy": "Equivalent", "namespaceSelector": {}, "objectSelector": {},
+        "resourceRules": [{"apiGroups": [""], "resources": ["pods"], "scope": "*"}]}}
+    assert rc.spec_differences(desired, defaulted) == []
+    narrowed = copy.deepcopy(defaulted)
+    narrowed["matchConstraints"]["objectSelector"] = {"matchLabels": {"team": "a"}}
+    narrowed["failurePolicy"] = "Ignore"
+    assert sorted(rc.spec_differences(desired, narrowed)) == ["spec.failurePolicy", "spec.matchConstraints.objectSelector"]
+
+
+def test_a_corrected_admission_object_keeps_other_peoples_labels_and_takes_the_whole_spec():
+    desired = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": "b", "labels": {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: NAME}},
+               "spec": {"policyName": "p", "validationActions": ["Deny"]}}
+    live = copy.deepcopy(desired)
+    live["metadata"].update(resourceVersion="7", labels={**desired["metadata"]["labels"], "team": "a"})
+    live["spec"] = {"policyName": "p", "validationActions": ["Audit"], "paramRef": {"name": "x"}}
+    assert rc.differences(desired, live) == ["spec.validationActions[0]", "spec.paramRef"]
+    fixed = rc.corrected(desired, live)
+    assert fixed["spec"] == desired["spec"] and fixed["metadata"]["resourceVersion"] == "7"
+    assert fixed["metadata"]["labels"]["team"] == "a"
+    assert rc.differences(desired, fixed) == []
+
+
+# --- the pod audit in status ------------------------------------------------------------------------
+
+
+def _finding(pod: str, rule: str = "pod-envelope-exceeded", class_name: str = "s") -> dict:
+    return {"pod": pod, "runtimeClass": f"kata-qemu-rs-{class_name}", "class": class_name, "rule": rule,
+            "action": "Deny", "message": f"{pod} is too big"}
+
+
+def test_pod_audit_status_counts_every_pod_and_lists_a_bounded_sorted_few():
+    findings = [_finding(f"ns/pod-{i:03d}") for i in range(rc.POD_AUDIT_LISTED + 10)]
+    findings += [_finding("ns/pod-000", "pod-memory-limit-missing"), _finding("a/x", class_name="m")]
+    audit = rc.pod_audit_status(findings)
+    assert audit["pods"] == rc.POD_AUDIT_LISTED + 11
+    assert audit["counts"] == [
+        {"class": "m", "rule": "pod-envelope-exceeded", "pods": 1},
+        {"class": "s", "rule": "pod-envelope-exceeded", "pods": rc.POD_AUDIT_LISTED + 10},
+        {"class": "s", "rule": "pod-memory-limit-missing", "pods": 1},
+    ]
+    assert len(audit["listed"]) == rc.POD_AUDIT_LISTED and audit["truncated"] is True
+    assert [r["pod"] for r in audit["listed"][:3]] == ["a/x", "ns/pod-000", "ns/pod-000"]
+
+
+def test_the_pod_audit_event_is_posted_when_the_list_changes_and_not_again_after_a_restart():
+    cache, sink = rc.DesiredCache(), Sink()
+    ref = {"kind": "KataSizingPolicy", "metadata": {"name": NAME}}
+    one = rc.pod_audit_status([_finding("ns/a")])
+    rc.announce_pod_audit(cache, sink, ref, NAME, {}, one)
+    rc.announce_pod_audit(cache, sink, ref, NAME, {}, one)  # the status write has not come back yet
+    assert sink.reasons() == [("Warning", cond.EVENT_POD_AUDIT)]
+    assert "1 Kata pod(s) outside their class (1 pod-envelope-exceeded on class s)" in sink.events[0][2]
+    two = rc.pod_audit_status([_finding("ns/a"), _finding("ns/b")])
+    rc.announce_pod_audit(cache, sink, ref, NAME, {"status": {"podAudit": one}}, two)
+    assert len(sink.events) == 2
+    rc.announce_pod_audit(cache, sink, ref, NAME, {"status": {"podAudit": two}}, rc.pod_audit_status([]))
+    rc.announce_pod_audit(cache, sink, ref, NAME, {"status": {"podAudit": rc.pod_audit_status([])}}, two)
+    assert len(sink.events) == 3  # the same pods again after the list emptied: news again
+    restarted = rc.DesiredCache()
+    rc.announce_pod_audit(restarted, sink, ref, NAME, {"status": {"podAudit": two}}, two)
+    assert len(sink.events) == 3

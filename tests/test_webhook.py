@@ -44,7 +44,8 @@ from tests.test_rbac_coverage import request_triple
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY = ROOT / "overlays" / "webhook"
 CERT_MANAGER_GROUP = "cert-manager.io"
-WEBHOOK_KINDS = Counter({"Service": 1, "Issuer": 1, "Certificate": 1, "ValidatingWebhookConfiguration": 1})
+WEBHOOK_KINDS = Counter({"Service": 1, "Issuer": 1, "Certificate": 1, "ValidatingWebhookConfiguration": 1,
+                         "MutatingWebhookConfiguration": 1})
 
 
 def invalid_body() -> dict:

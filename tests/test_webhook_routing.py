@@ -1,0 +1,147 @@
+"""The routing webhook (the fallback of the MutatingAdmissionPolicy, issue 10 item 2), served by the
+real operator with the emulator as its API server: AdmissionReviews posted the way the API server
+posts them, including when the API fails under it. The same webhook behind a real
+MutatingWebhookConfiguration is tests/test_real_admission_operator.py's."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+import uuid
+
+import pytest
+import yaml
+
+from kata_sizing.admission import ROUTE_POD_PATH_ID, pod_to_route, review_response
+from kata_sizing.handlers import routes_through_webhook
+from kata_sizing.podfit import route_patch
+from kata_sizing.model import parse_policy
+from kata_sizing.sizing import size_policy
+from tests.operator_helpers import POLICIES, explicit_classes_policy, wait_observed
+from tests.test_webhook import Webhook, webhook  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.emulator
+
+
+def pod(name: str = "app", namespace: str = "team", labels: dict | None = None, runtime_class: str | None = None,
+        **limits: str) -> dict:
+    spec: dict = {"containers": [{"name": "app", "image": "app", "resources": {"limits": limits}}]}
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
+                                                           "labels": labels or {}}, "spec": spec}
+
+
+def review(obj: dict, operation: str = "CREATE", namespace: str = "team") -> dict:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": namespace, "operation": operation,
+        "userInfo": {"username": "someone"}, "object": obj, "oldObject": None}}
+
+
+def post(hook: Webhook, body: dict) -> dict:
+    request = urllib.request.Request(f"https://127.0.0.1:{hook.port}/{ROUTE_POD_PATH_ID}",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=hook.context, timeout=5) as reply:
+        answer = json.load(reply)
+    assert answer["response"]["uid"] == body["request"]["uid"]
+    return answer["response"]
+
+
+def patch_of(response: dict) -> list[dict]:
+    assert response["allowed"] is True
+    if "patch" not in response:
+        return []
+    assert response["patchType"] == "JSONPatch"
+    return json.loads(base64.b64decode(response["patch"]))
+
+
+def routed_policy(name: str = "routed", routing: str = "Webhook") -> dict:
+    return explicit_classes_policy(name, admission={"routing": routing})
+
+
+# --- pure parts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("routing, served, expected", [
+    ("Webhook", {"MutatingAdmissionPolicy": "v1"}, True),
+    ("Auto", {}, True),
+    ("Auto", {"MutatingAdmissionPolicy": "v1"}, False),
+    ("MutatingAdmissionPolicy", {}, False),
+])
+def test_who_routes(routing, served, expected):
+    assert routes_through_webhook(routing, served) is expected
+
+
+def test_only_pod_creations_without_a_class_are_routed():
+    assert pod_to_route(review(pod(labels={"katasizing.dev/policy": "p"})))[1] == "team"
+    assert pod_to_route(review(pod(runtime_class="kata-p-s"))) is None
+    assert pod_to_route(review(pod(), operation="UPDATE")) is None
+    other = review(pod())
+    other["request"]["kind"] = {"group": "apps", "version": "v1", "kind": "Deployment"}
+    assert pod_to_route(other) is None
+    # A pod created from a template has no namespace in its metadata yet: the request's is used.
+    bare = pod()
+    del bare["metadata"]["namespace"]
+    assert pod_to_route(review(bare, namespace="elsewhere"))[0]["metadata"]["namespace"] == "elsewhere"
+
+
+def test_a_mutation_answer_carries_a_base64_json_patch():
+    ops = [{"op": "add", "path": "/spec/runtimeClassName", "value": "kata-p-m"}]
+    answer = review_response(review(pod()), allowed=True, patch=ops)["response"]
+    assert answer["patchType"] == "JSONPatch" and json.loads(base64.b64decode(answer["patch"])) == ops
+    assert "patch" not in review_response(review(pod()), allowed=True, patch=[])["response"]
+
+
+# --- the operator serving it ----------------------------------------------------------------------
+
+
+def test_the_webhook_routes_like_the_mutating_admission_policy_would(webhook):  # noqa: F811
+    emu = webhook.emu
+    body = routed_policy()
+    emu.objects(POLICIES).create(body)
+    wait_observed(emu, "routed", Ready="True")
+    emu.objects("v1/namespaces").create({"metadata": {"name": "opted", "labels": {"katasizing.dev/policy": "routed"}}})
+    sizing = size_policy(parse_policy(body))
+    cases = [
+        pod(labels={"katasizing.dev/policy": "routed"}, cpu="1500m", memory="2Gi"),  # m
+        pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi"),  # s, exactly at its envelope
+        pod(labels={"katasizing.dev/policy": "routed"}, cpu="1001m", memory="1Gi"),  # m: one millicore above s
+        pod(namespace="opted", cpu="500m", memory="512Mi"),  # the namespace's label
+        pod(labels={"katasizing.dev/policy": "routed"}, cpu="64", memory="1Ti"),  # fits none: left alone
+        pod(labels={"katasizing.dev/policy": "routed"}, runtime_class="kata-routed-l", cpu="1", memory="1Gi"),
+        pod(labels={"katasizing.dev/policy": "no-such-policy"}, cpu="1", memory="1Gi"),
+    ]
+    classes = []
+    for case in cases:
+        namespace = case["metadata"]["namespace"]
+        labels = {"katasizing.dev/policy": "routed"} if namespace == "opted" else None
+        got = patch_of(post(webhook, review(case, namespace=namespace)))
+        assert got == route_patch(case, sizing, labels), case  # the one rule, podfit's
+        classes.append(got[0]["value"] if got else None)
+    assert classes == ["kata-routed-m", "kata-routed-s", "kata-routed-m", "kata-routed-s", None, None, None]
+
+
+def test_with_a_mutating_admission_policy_served_the_webhook_leaves_auto_routing_to_it(webhook):  # noqa: F811
+    emu = webhook.emu
+    emu.objects(POLICIES).create(routed_policy("auto", routing="Auto"))
+    wait_observed(emu, "auto", Ready="True")
+    assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicies").get("kata-sizing-auto-route")
+    assert patch_of(post(webhook, review(pod(labels={"katasizing.dev/policy": "auto"}, cpu="1", memory="1Gi")))) == []
+
+
+def test_an_api_failure_lets_the_pod_through_unrouted_with_a_warning(webhook):  # noqa: F811
+    """failurePolicy Ignore in the configuration, and the same inside: never a refusal, never a 500;
+    the pod then meets the envelope policy's pod-not-routed rule, which names the reason."""
+    emu = webhook.emu
+    emu.objects(POLICIES).create(routed_policy())
+    wait_observed(emu, "routed", Ready="True")
+    emu.fail_next(1, status=500, method="GET", path="/katasizingpolicies/routed")
+    response = post(webhook, review(pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi")))
+    assert response["allowed"] is True and "patch" not in response
+    assert any("could not route" in w for w in response.get("warnings") or []), response
+    # The next one, with the API back, is routed.
+    assert patch_of(post(webhook, review(pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi"))))
