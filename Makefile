@@ -50,7 +50,7 @@ fuzz: $(STAMP)
 # The helm section compares `kata-sizing render` with `helm template` of the kata-deploy
 # chart, which is not in this repository: KATA_DEPLOY_CHART=<kata-containers checkout>/tools/packaging/kata-deploy/helm-chart/kata-deploy
 bench: $(STAMP) $(TOOLS)/kubectl
-	KATA_DEPLOY_CHART="$(KATA_DEPLOY_CHART)" $(PY) bench/run.py
+	KATA_DEPLOY_CHART="$(KATA_DEPLOY_CHART)" BENCH_BASELINE="$(BENCH_BASELINE)" $(PY) bench/run.py
 
 # The CRD is generated from the models; the Helm chart carries the same file in its crds/.
 CRD_FILES := crds/katasizingpolicies.katasizing.dev.yaml charts/kata-sizing/crds/katasizingpolicies.katasizing.dev.yaml

@@ -45,7 +45,12 @@ def _wait(predicate: Callable[[], object], timeout: float, interval: float = 0.0
 
 def _objects_written(cp: ControlPlane, name: str) -> bool:
     selector = f"katasizing.dev/policy={name}"
-    return len(cp.items(RUNTIME_CLASSES, selector)) == CLASSES and len(cp.items(configmaps(), selector)) >= 3
+    admission = sum(len(cp.items(f"/apis/admissionregistration.k8s.io/v1/{kind}", selector)) for kind in (
+        "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+        "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"))
+    # Two ValidatingAdmissionPolicies and a MutatingAdmissionPolicy, each with its binding.
+    return (len(cp.items(RUNTIME_CLASSES, selector)) == CLASSES and len(cp.items(configmaps(), selector)) >= 3
+            and admission == 6)
 
 
 def _quiet(cp: ControlPlane, seconds: float = 1.0, timeout: float = 60) -> None:
