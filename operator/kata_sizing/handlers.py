@@ -282,7 +282,7 @@ async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple |
             current.done(await rc.reconcile(
                 memo.api, body, trigger, memo.cache, _event_sink, nodes=list(facts) if facts is not None else None,
                 audit_findings=findings, children=memo.children, admission_versions=memo.admission_versions,
-                pod_findings=pod_findings,
+                pod_findings=pod_findings, webhook_serving=memo.webhook_serving,
             ))
         # Only after success: a failed pass is retried, not taken as done.
         memo.last_pass[name] = (inputs, facts, findings, pod_findings)
@@ -471,6 +471,7 @@ async def route_pod(memo: kopf.Memo, review: dict) -> dict:
 
 def install_pod_routing(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     routes = getattr(settings.admission.server, "routes", None)
+    memo.webhook_serving = routes is not None
     if routes is not None:
         routes[adm.ROUTE_POD_PATH_ID] = lambda review: route_pod(memo, review)
 

@@ -246,8 +246,8 @@ class Desired:
     routing: str = "Auto"
 
     def unserved_expected(self, what: str) -> bool:
-        """A MutatingAdmissionPolicy the server does not serve is expected with routing Auto:
-        the operator's webhook routes instead (status.admission says so); not a warning."""
+        """A MutatingAdmissionPolicy the server does not serve is expected with routing Auto: the
+        operator's webhook routes instead; not a warning."""
         return what.startswith("MutatingAdmissionPolicy") and self.routing == "Auto"
 
     def needs_pass(self, key: ObjKey) -> bool:
@@ -777,6 +777,7 @@ async def reconcile(
     children: LiveChildren | None = None,
     admission_versions: dict[str, str] | None = None,
     pod_findings: list[dict] | None = None,
+    webhook_serving: bool | None = None,
 ) -> PassResult:
     """One pass for one policy: validate, render, apply the difference, write status if changed."""
     name = (body.get("metadata") or {}).get("name")
@@ -811,7 +812,7 @@ async def reconcile(
     applied = await apply_desired(api, desired, trigger, cache, sink, children)
     applied.warnings = result.warnings + [f"node guidance: {e}" for e in guidance_errors] + [
         f"admission: the API server does not serve {what}; not written" for what in desired.unserved
-        if not desired.unserved_expected(what)]
+        if not desired.unserved_expected(what)] + routing_warnings(policy, desired, webhook_serving)
     applied.nodes = nodes_status(rendered) if nodes is not None else None
     if audit_findings is not None:
         applied.unmanaged = unmanaged_status(audit_findings)
@@ -836,6 +837,21 @@ async def reconcile(
         sink(ref, "Warning", cond.EVENT_CONFLICT, "; ".join(applied.conflicts))
     await _write_status(api, name, body, compute_status(body, applied, sizing))
     return applied
+
+
+def routing_warnings(policy: KataSizingPolicy, desired: Desired, webhook_serving: bool | None) -> list[str]:
+    """The routing falls to the operator's webhook (routing Webhook, or Auto without a served
+    MutatingAdmissionPolicy) but this operator serves none (`--webhook-port`): nobody routes."""
+    admission = getattr(policy.spec, "admission", None)
+    if webhook_serving is not False or admission is None or not admission.enabled:
+        return []
+    falls_to_webhook = desired.routing == "Webhook" or any(
+        w.startswith("MutatingAdmissionPolicy") for w in desired.unserved if desired.unserved_expected(w))
+    if not falls_to_webhook:
+        return []
+    return ["admission: opted-in pods are routed by the operator's webhook here, but it runs without "
+            "--webhook-port (install overlays/webhook/ or the chart's webhook.enabled): they are not routed, "
+            "and the envelope policy refuses them (pod-not-routed)"]
 
 
 def announce_pod_audit(cache: DesiredCache, sink: EventSink, ref: dict, name: str, body: dict, audit: dict) -> None:
