@@ -241,10 +241,18 @@ def _pod_findings(memo: kopf.Memo, body: dict) -> list[dict] | None:
     candidates = [p for c in sizing.classes for p in by_class.get(c.runtime_class, ())]
     candidates += by_class.get(f"routed-by:{sizing.policy.name}", ())
     findings = []
+    # Most pods share a few shapes of limits: judge each shape once, name only the pods that break a rule.
+    breaks: dict[tuple, bool] = {}
     for request in candidates:
+        opted_in = request.routed_by == sizing.policy.name
+        shape = (request.runtime_class, request.limits, opted_in)
+        if shape not in breaks:
+            breaks[shape] = bool(check_limits(request.limits, request.runtime_class or "", sizing, opted_in=opted_in))
+        if not breaks[shape]:
+            continue
         namespace, _, name = request.pod.partition("/")
         for finding in check_limits(request.limits, request.runtime_class or "", sizing, namespace, name,
-                                    opted_in=request.routed_by == sizing.policy.name):
+                                    opted_in=opted_in):
             findings.append({
                 "pod": request.pod, "runtimeClass": finding.runtime_class, "class": finding.class_name or "none",
                 "rule": finding.rule, "action": finding.action, "message": finding.message,
