@@ -200,7 +200,8 @@ def baseline_source(work: Path) -> tuple[str, Path] | None:
 
 
 FLEET_POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy",
-                "metadata": {"name": "fleet"}, "spec": {"shim": "qemu-runtime-rs"}}
+                "metadata": {"name": "fleet"},
+                "spec": {"shim": "qemu-runtime-rs", "classes": policy("fleet")["spec"]["classes"]}}
 
 
 def memory_at_scale(report: Report, pod_counts: tuple[int, ...], work: Path) -> None:
@@ -228,16 +229,20 @@ def memory_at_scale(report: Report, pod_counts: tuple[int, ...], work: Path) -> 
                         (emu.objects("configmaps").get("fleet-node-guidance", "kata-sizing") or {}).get("data") or {}),
                     600, 0.1)
                 took = time.perf_counter() - start
-                audited = wait_until(lambda: ((emu.objects("katasizingpolicies").get("fleet").get("status") or {})
-                                              .get("podAudit") or {}).get("pods"), 30 if source is None else 0, 0.1)
+                def audited_pods() -> int:
+                    status = emu.objects("katasizingpolicies").get("fleet").get("status") or {}
+                    return (status.get("podAudit") or {}).get("pods") or 0
+
+                if source is None:
+                    wait_until(audited_pods, 30, 0.1)
+                audited = audited_pods()
                 time.sleep(1)
                 rss = peak_rss_mib(proc)
                 if source is None and pods == pod_counts[0]:
                     emu.reset_request_log()
                     body = emu.objects("katasizingpolicies").get("fleet")
                     changed = copy.deepcopy(body)
-                    changed["spec"]["classes"] = [{"name": "s", "cpu": "1", "memory": "2Gi"},
-                                                  {"name": "m", "cpu": "2", "memory": "4Gi"}]
+                    changed["spec"]["classes"][0]["memory"] = "2Gi"  # as requests_per_reconcile does
                     emu.objects("katasizingpolicies").put(changed)
                     wait_until(lambda: (emu.objects("katasizingpolicies").get("fleet").get("status") or {})
                                .get("observedGeneration") == body["metadata"]["generation"] + 1, 60, 0.05)
@@ -255,7 +260,7 @@ def memory_at_scale(report: Report, pod_counts: tuple[int, ...], work: Path) -> 
             report(f"  start -> guidance for {NODES} nodes written, {pods:,} pods",
                    f"{took:.1f} s" if written is not None else "not in 600 s", "", "")
             report(f"  pods in status.podAudit (Kata pods without a memory limit), {pods:,} pods",
-                   str(audited or 0), str(sum(1 for i in range(pods) if i % 10 < 7 and i % 20 == 0)), "")
+                   str(audited), str(sum(1 for i in range(pods) if i % 10 < 7 and i % 20 == 0)), "")
 
 
 def bench_fleet(report: Report, quick: bool = False) -> None:
