@@ -1,0 +1,101 @@
+"""The list+watch cache as the API server sees it: a collection is read a page at a time
+(`limit`/`continue`, never one unbounded list), only summaries are kept (no managedFields),
+and a watch that expires (410 Gone) is followed by a fresh list whose differences are
+reported, so nothing changed while the watch was down is missed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kata_sizing.informer import PAGE_SIZE, Informer, slim_child
+
+
+def _obj(i: int, rv: str = "1") -> dict:
+    return {
+        "metadata": {
+            "name": f"p{i}", "namespace": "ns", "uid": f"u{i}", "resourceVersion": rv,
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {"n": i},
+    }
+
+
+class PagedApi:
+    """Serves a collection as the API server does with `limit`: pages of at most `limit`
+    objects and a continue token until the last one. Watches replay queued events; a watch
+    with nothing queued ends the test's run."""
+
+    def __init__(self, objects: list[dict]):
+        self.objects = objects
+        self.list_calls: list[tuple[int, str | None]] = []
+        self.watches: list[list[dict]] = []
+        self.watch_versions: list[str] = []
+
+    async def list_page(self, collection, limit, continue_token=None, label_selector=None):
+        self.list_calls.append((limit, continue_token))
+        start = int(continue_token or 0)
+        page = [dict(o) for o in self.objects[start:start + limit]]
+        nxt = start + limit
+        return page, "100", (str(nxt) if nxt < len(self.objects) else None)
+
+    async def watch_raw(self, collection, resource_version, timeout_s, label_selector=None):
+        self.watch_versions.append(resource_version)
+        if not self.watches:
+            raise asyncio.CancelledError
+        for event in self.watches.pop(0):
+            yield event
+
+
+def _run(informer: Informer) -> None:
+    async def go():
+        try:
+            await informer.run()
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(go())
+
+
+def test_a_large_collection_is_listed_in_pages_and_only_summaries_are_kept():
+    api = PagedApi([_obj(i) for i in range(1234)])
+    informer = Informer(api, "pods", slim_child("Pod"))
+    _run(informer)
+
+    assert api.list_calls == [(PAGE_SIZE, None), (PAGE_SIZE, "500"), (PAGE_SIZE, "1000")]
+    assert len(informer.items) == 1234
+    assert all("managedFields" not in o["metadata"] for o in informer.items.values())
+    assert informer.items["u7"]["spec"] == {"n": 7}
+    assert api.watch_versions == ["100"]  # the watch starts where the list ended
+
+
+def test_an_expired_watch_lists_again_and_reports_what_changed_meanwhile():
+    api = PagedApi([_obj(i) for i in range(3)])
+    changes = []
+    informer = Informer(api, "pods", slim_child("Pod"), on_change=lambda k, b, a: changes.append((k, b, a)))
+    # First watch: one edit arrives, then the server says 410 Gone.
+    edited = _obj(1, rv="101")
+    edited["spec"] = {"n": 10}
+    api.watches.append([
+        {"type": "MODIFIED", "object": edited},
+        {"type": "ERROR", "object": {"kind": "Status", "code": 410}},
+    ])
+    # While the watch was down, p0 was deleted and p3 created: only the new list shows it.
+    api.watches.append([])
+    original_list = api.list_page
+    calls = {"n": 0}
+
+    async def list_page(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            api.objects = [edited, _obj(2), _obj(3)]
+        return await original_list(*args, **kwargs)
+
+    api.list_page = list_page
+    _run(informer)
+
+    assert sorted(informer.items) == ["u1", "u2", "u3"]
+    seen = {(key, before is None, after is None) for key, before, after in changes}
+    assert ("u1", False, False) in seen  # the edit from the watch
+    assert ("u0", False, True) in seen  # deleted while no watch ran
+    assert ("u3", True, False) in seen  # created while no watch ran
+    assert len(api.list_calls) == 2
