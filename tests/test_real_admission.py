@@ -327,3 +327,19 @@ def test_in_place_resize_is_held_to_the_envelope(fit_cluster) -> None:
         assert "memory 2Gi exceed class s (cpu 1, memory 1Gi)" in outside.stderr
     finally:
         cp.kubectl("delete", "pod", "-n", IN, "resized", "--wait=false", check=False)
+
+
+def test_a_pod_with_hundreds_of_init_containers_stays_within_the_cel_cost_limit(fit_cluster) -> None:
+    """The sidecar sums are quadratic in init containers; 300 of them (half sidecars) are judged
+    by the rule, not refused for CEL cost (docs/admission.md: 500 exceed it)."""
+    cp, _, _ = fit_cluster
+    inits = tuple({**({"restartPolicy": "Always"} if i % 2 else {}), **limits("1m", "1Mi")} for i in range(300))
+    inside = Case("many-inits", (limits("3850m", "1Gi"),), None, None, init_containers=inits,
+                  runtime_class="kata-fit-l").pod()
+    over = Case("many-inits-over", (limits("3851m", "1Gi"),), None, None, init_containers=inits,
+                runtime_class="kata-fit-l").pod()
+    assert podfit.pod_limits(inside).cpu_millis == 4000
+    proc = dry_run(cp, [inside, over])
+    assert "pod/many-inits created (server dry run)" in proc.stdout, proc.stderr
+    [finding] = podfit.check_pod(over, size_policy(parse_policy(POLICY_BODY)))
+    assert finding.message in proc.stderr and "cost" not in proc.stderr
