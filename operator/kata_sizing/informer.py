@@ -1,5 +1,6 @@
-"""List+watch caches (informers): Nodes and Pods for node guidance, and the RuntimeClasses
-and ConfigMaps the operator manages, so a reconcile reads its live children from memory.
+"""List+watch caches (informers): Nodes and Pods for node guidance and the pod audit, and the
+RuntimeClasses, ConfigMaps and admission objects the operator manages, so a reconcile reads its
+live children from memory.
 
 kopf's per-object machinery (one worker per object) is made for handlers; for 20,000 pods
 whose only use is a sum per node it is far too slow at start-up. An informer keeps one
