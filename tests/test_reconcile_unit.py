@@ -727,3 +727,18 @@ def test_the_pod_audit_event_is_posted_when_the_list_changes_and_not_again_after
     restarted = rc.DesiredCache()
     rc.announce_pod_audit(restarted, sink, ref, NAME, {"status": {"podAudit": two}}, two)
     assert len(sink.events) == 3
+
+
+def test_an_admission_object_the_server_refuses_is_said_in_status_and_the_rest_is_written():
+    body = policy_body()
+    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "create_admission_object",
+                                              "patch_policy_status"})
+    # A server whose CEL library lacks a function the rule uses answers 422 on the policy.
+    api.fail["create_admission_object"] = [Invalid(422, "spec.validations[0].expression: compilation failed")]
+    result = run(rc.reconcile(api, body, "apply", rc.DesiredCache(), Sink()))
+    assert len([c for c in api.writes if c[0] == "create_runtime_class"]) == 4
+    assert len([c for c in api.writes if c[0] == "create_admission_object"]) == 6  # the refused one and 5 more
+    assert len(api.adm) == 5
+    conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
+    assert conditions["InSync"]["status"] == "False" and conditions["InSync"]["reason"] == cond.REASON_REFUSED
+    assert "compilation failed" in conditions["InSync"]["message"] and result.refused

@@ -20,6 +20,7 @@ REASON_DRIFT_REPORTED = "DriftReported"
 REASON_RUNTIME_CLASS_MISSING = "RuntimeClassMissing"
 REASON_CONFLICT = "UnmanagedRuntimeClass"
 REASON_NO_CONFLICT = "NoConflict"
+REASON_REFUSED = "RefusedByServer"
 
 # Event reasons.
 EVENT_APPLIED = "Applied"

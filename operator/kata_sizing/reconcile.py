@@ -422,6 +422,7 @@ class PassResult:
     nodes: dict | None = None
     unmanaged: list[dict] | None = None
     pod_audit: dict | None = None
+    refused: list[str] = field(default_factory=list)
 
 
 def _remember(children: LiveChildren | None, kind: str, written: dict | None) -> None:
@@ -577,6 +578,13 @@ async def apply_desired(
         except NotOurs:
             conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched")
             continue
+        except Invalid as exc:
+            if not is_admission_kind(key[0]):
+                raise
+            # A server whose CEL library lacks something the rule uses refuses the object (422):
+            # said in status, and the other objects are still written.
+            result.refused.append(f"{describe(key)}: {exc}")
+            continue
         if done:
             result.writes.append(done)
 
@@ -727,6 +735,9 @@ def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) 
             cond.IN_SYNC, False, cond.REASON_RUNTIME_CLASS_MISSING,
             "kata-deploy has not created RuntimeClass " + ", ".join(result.missing)
             + " (apply the values overlay with helm)", generation)
+    elif result.refused:
+        in_sync = cond.condition(
+            cond.IN_SYNC, False, cond.REASON_REFUSED, "the API server refused " + "; ".join(result.refused), generation)
     elif result.drifted:
         in_sync = cond.condition(cond.IN_SYNC, False, cond.REASON_DRIFT_REPORTED, "; ".join(result.drifted), generation)
     else:
