@@ -136,6 +136,13 @@ def _broad_scenario(cluster) -> None:
     handler_changed = dict(get_rc(emu, "kata-qemu-rs-l"), handler="elsewhere")
     emu.objects(RUNTIME_CLASSES).put(handler_changed)
     wait_for(lambda: (get_rc(emu, "kata-qemu-rs-l") or {}).get("handler") == "kata-qemu-rs-l")
+    # A hand deletion of each admission kind: the drift handler re-reads it (get) before re-creating.
+    for kind, name in (("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope"),
+                       ("validatingadmissionpolicybindings", "kata-sizing-qemu-rs-memory-limit"),
+                       ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route"),
+                       ("mutatingadmissionpolicybindings", "kata-sizing-qemu-rs-route")):
+        emu.objects(f"admissionregistration.k8s.io/v1/{kind}").delete(name)
+        wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name))
     for binding in ("validatingadmissionpolicybindings", "mutatingadmissionpolicybindings"):
         path = f"admissionregistration.k8s.io/v1/{binding}"
         name = "kata-sizing-qemu-rs-envelope" if binding.startswith("validating") else "kata-sizing-qemu-rs-route"

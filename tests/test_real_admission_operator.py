@@ -111,11 +111,12 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     cp.edit(path_of(mutating), lambda o: o["spec"].update(failurePolicy="Ignore"))
     poll(lambda: cp.get(path_of(mutating))["spec"]["failurePolicy"] == good[mutating]["spec"]["failurePolicy"], 10,
          "the routing's failurePolicy put back")
-    cp.delete(path_of(route))
-    poll(lambda: cp.get(path_of(route)), 10, "the deleted MutatingAdmissionPolicyBinding re-created")
+    for deleted in live:  # every object, each kind
+        cp.delete(path_of(deleted))
+        poll(lambda deleted=deleted: cp.get(path_of(deleted)), 10, f"the deleted {deleted} re-created")
     # Somebody else's label is not drift.
     cp.edit(path_of(envelope), lambda o: o["metadata"]["labels"].update({"team": "platform"}))
-    st = poll(lambda: (lambda s: s if int(s.get("driftCorrections") or 0) >= 6 else None)(status(cp, "gate")), 10,
+    st = poll(lambda: (lambda s: s if int(s.get("driftCorrections") or 0) >= 5 + len(live) else None)(status(cp, "gate")), 10,
               lambda: f"status: {status(cp, 'gate')}")
     quiet(cp)
     assert cp.get(path_of(envelope))["metadata"]["labels"]["team"] == "platform"

@@ -188,8 +188,8 @@ def name_key(obj: dict) -> Hashable:
 
 class ChildCache:
     """The RuntimeClasses (every one: the audit looks at all Kata classes), the managed
-    ConfigMaps and the managed admission objects (selected by the managed-by label on the
-    server), as reconcile reads them: `get(key)` and `of_policy(name)`, both from memory.
+    ConfigMaps (selected by the managed-by label on the server) and the admission objects (every
+    one), as reconcile reads them: `get(key)` and `of_policy(name)`, both from memory.
 
     `admission_versions` ({kind: version}, from discovery) says which admission kinds the server
     serves; only those are followed (a kind the server does not serve would 404 forever)."""
@@ -206,10 +206,12 @@ class ChildCache:
             api, "configmaps", slim_child("ConfigMap"), key=name_key,
             label_selector=managed, on_change=self._changed("ConfigMap"))
         self.admission_versions = dict(admission_versions or {})
+        # Every admission object, not only ours (a cluster holds few): a name missing from the
+        # cache is then free, as for RuntimeClasses, and creating a policy's six costs no read.
         self.admission = {
             kind: Informer(
                 api, f"{ADMISSION_GROUP}/{version}/{ADMISSION_PLURALS[kind]}", slim_child(kind), key=name_key,
-                label_selector=managed, on_change=self._changed(kind))
+                on_change=self._changed(kind))
             for kind, version in sorted(self.admission_versions.items())
         }
         self._by_kind: dict[str, Informer] = {
@@ -259,10 +261,9 @@ class ChildCache:
         return informer.items.get((namespace, name)) if informer is not None else None
 
     def complete(self, key: ObjKey) -> bool:
-        """Whether a miss in the cache means the object does not exist: true for
-        RuntimeClasses (all are cached); a ConfigMap or admission object without our label is
-        not cached."""
-        return key[0] == "RuntimeClass"
+        """Whether a miss in the cache means the object does not exist: true for RuntimeClasses
+        and admission objects (all are cached); a ConfigMap without our label is not cached."""
+        return key[0] == "RuntimeClass" or key[0] in self.admission
 
     def of_policy(self, policy_name: str) -> dict[ObjKey, dict]:
         found = {}
