@@ -387,3 +387,18 @@ def test_explain_pod_says_class_vm_accounting_and_admission(capsys, files) -> No
     assert code == 0 and json.loads(out)["routed"] is True and json.loads(out)["runtimeClass"] == "kata-fit-m"
     code, _, err = run_cli(capsys, "explain", policy, "--pod", routed, "--class", "s")
     assert code == 2 and "--pod takes the class" in err
+
+
+@pytest.mark.parametrize("cel, expected", [
+    ("l['memory'] == 'x'", 'l["memory"] == "x"'),
+    ("'it\\'s' + \"a'b\"", "\"it's\" + \"a'b\""),
+    ("'say \"hi\"'", '"say \\"hi\\""'),
+    ("size(x) > 0 ? 'a' : ''", 'size(x) > 0 ? "a" : ""'),
+])
+def test_cel_literals_are_double_quoted_for_readable_yaml(cel, expected) -> None:
+    assert podfit._double_quoted(cel) == expected
+
+
+def test_rendered_cel_has_no_single_quoted_literal() -> None:
+    printed = yaml.safe_dump_all(render_policy(parse_policy(POLICY)).admission)
+    assert "''" not in printed  # YAML doubles a single quote inside a quoted scalar

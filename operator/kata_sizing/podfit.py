@@ -625,6 +625,41 @@ def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
     }
 
 
+def _double_quoted(expression: str) -> str:
+    """The CEL with its string literals in double quotes. Same meaning; the YAML printed by
+    `kata-sizing render` then quotes the expression once instead of doubling every quote in it."""
+    out, i = [], 0
+    while i < len(expression):
+        quote = expression[i]
+        if quote not in "'\"":
+            out.append(quote)
+            i += 1
+            continue
+        j, text = i + 1, []
+        while expression[j] != quote:
+            if expression[j] == "\\":
+                text.append(expression[j:j + 2])
+                j += 2
+            else:
+                text.append(expression[j])
+                j += 1
+        body = "".join(text)
+        if quote == "'":
+            body = body.replace("\\'", "'").replace('"', '\\"')
+        out.append(f'"{body}"')
+        i = j + 1
+    return "".join(out)
+
+
+def _requote(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: (_double_quoted(v) if k in ("expression", "messageExpression") else _requote(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_requote(v) for v in value]
+    return value
+
+
 def _selector_dict(selector: LabelSelector) -> dict:
     return selector.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
 
@@ -677,7 +712,7 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
         objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicyBinding", names["route"], {
             "policyName": names["route"], **match_resources,
         }))
-    return objects
+    return [(api_version, kind, name, _requote(spec)) for api_version, kind, name, spec in objects]
 
 
 def admission_objects(sizing: PolicySizing) -> list[dict]:
