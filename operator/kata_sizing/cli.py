@@ -560,9 +560,11 @@ def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from .operator_main import run_operator  # kopf and kubernetes load only here
+    import gc
 
-    from .operator_main import MetricsOptions
+    from .operator_main import MetricsOptions, run_operator  # kopf and kubernetes load only here
+
+    gc.enable()  # the console script starts with it off (__main__); a long-lived process needs it
 
     metrics = None
     if args.metrics_port is not None:

@@ -7,12 +7,14 @@ document is parsed back here, so what leaves this module is plain dicts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,13 +42,13 @@ SUMMARY_KEY = "summary.txt"
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-_REPOSITORY_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+REPOSITORY_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 
 def templates_dir() -> Path:
     """`templates/` at the repository root, or $KATA_SIZING_TEMPLATES in an image."""
     override = os.environ.get("KATA_SIZING_TEMPLATES")
-    return Path(override) if override else _REPOSITORY_TEMPLATES
+    return Path(override) if override else REPOSITORY_TEMPLATES
 
 
 # json.dumps writes a character beyond U+FFFF as a UTF-16 surrogate pair (\ud83d\ude00);
@@ -83,10 +85,40 @@ def _yaml_block(text: str, indent: int) -> str:
     return f"|{chomp}\n" + "\n".join(pad + line if line else "" for line in body)
 
 
-@lru_cache(maxsize=4)
-def _environment(directory: str) -> jinja2.Environment:
+def compiled_module_stem(template: str) -> str:
+    """runtimeclass.yaml.j2 -> runtimeclass_yaml: the template's module in compiled_templates/."""
+    return "".join(ch if ch.isalnum() else "_" for ch in template.removesuffix(".j2"))
+
+
+class _PrecompiledLoader(jinja2.FileSystemLoader):
+    """The template files, run from the code shipped for them in compiled_templates/
+    (`make templates`) when a file's text and the jinja2 version are the ones that code was
+    generated from; any other template is compiled from its file, as FileSystemLoader does."""
+
+    def load(self, environment: jinja2.Environment, name: str, globals=None) -> jinja2.Template:
+        from . import compiled_templates
+
+        source, filename, uptodate = self.get_source(environment, name)
+        digest = compiled_templates.SOURCE_SHA256.get(name)
+        if (digest is None or compiled_templates.JINJA2_VERSION != jinja2.__version__
+                or hashlib.sha256(source.encode("utf-8")).hexdigest() != digest):
+            return super().load(environment, name, globals)
+        stem = compiled_module_stem(name)
+        module = f"{compiled_templates.__name__}.{stem}"
+        path = os.path.join(os.path.dirname(compiled_templates.__file__), f"{stem}.py")
+        # The module's code object (from its .pyc), run by jinja2 the way it runs code it has
+        # just compiled; the module is never imported (its code expects jinja2's namespace).
+        code = SourceFileLoader(module, path).get_code(module)
+        template = environment.template_class.from_code(
+            environment, code, environment.make_globals(globals), uptodate)
+        template.filename = filename
+        return template
+
+
+def jinja_environment(loader: jinja2.BaseLoader) -> jinja2.Environment:
+    """The environment every template renders in (and templategen compiles with)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory),
+        loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -95,6 +127,11 @@ def _environment(directory: str) -> jinja2.Environment:
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
     env.policies["json.dumps_function"] = _json_for_yaml
     return env
+
+
+@lru_cache(maxsize=4)
+def _environment(directory: str) -> jinja2.Environment:
+    return jinja_environment(_PrecompiledLoader(directory))
 
 
 def _render(template: str, **context) -> str:
