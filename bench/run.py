@@ -90,6 +90,18 @@ def bench_core(report: Report, quick: bool = False) -> None:
            f"{median:.0f} ms", f"< {COLD_START_TARGET_MS:g} ms", verdict(median < COLD_START_TARGET_MS))
 
 
+def compile_bytecode() -> None:
+    """Byte-compile kata_sizing as `pip install` does for an installed package (the image's
+    too). `make`'s editable install compiles nothing, and where PYTHONDONTWRITEBYTECODE=1 is
+    set Python then compiles the package's source on every start, which no installed
+    kata-sizing does (about 30 ms of a cold `kata-sizing render`)."""
+    import compileall
+
+    import kata_sizing
+
+    compileall.compile_dir(Path(kata_sizing.__file__).parent, quiet=1)
+
+
 def _external(module: str, function: str) -> Callable[[Report, bool], None]:
     """A section from another bench module, imported only when it runs."""
 
@@ -126,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     def report(what: str, figure: str, target: str, result: str) -> None:
         print(f"  {what:<78} {figure:>12} {target:>10} {result}", flush=True)
 
+    compile_bytecode()
     for name in chosen:
         print(f"[{name}]", flush=True)
         try:
