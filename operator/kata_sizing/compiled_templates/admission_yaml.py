@@ -8,12 +8,7 @@ def root(context, missing=missing, environment=environment):
     concat = environment.concat
     cond_expr_undefined = Undefined
     if 0: yield None
-    l_0_api_version = resolve('api_version')
-    l_0_kind = resolve('kind')
-    l_0_name = resolve('name')
-    l_0_labels = resolve('labels')
-    l_0_owner_references = resolve('owner_references')
-    l_0_spec = resolve('spec')
+    l_0_objects = resolve('objects')
     try:
         t_1 = environment.filters['tojson']
     except KeyError:
@@ -21,21 +16,25 @@ def root(context, missing=missing, environment=environment):
         def t_1(*unused):
             raise TemplateRuntimeError("No filter named 'tojson' found.")
     pass
-    yield '\napiVersion: '
-    yield str(t_1(context.eval_ctx, (undefined(name='api_version') if l_0_api_version is missing else l_0_api_version)))
-    yield '\nkind: '
-    yield str(t_1(context.eval_ctx, (undefined(name='kind') if l_0_kind is missing else l_0_kind)))
-    yield '\nmetadata:\n  name: '
-    yield str(t_1(context.eval_ctx, (undefined(name='name') if l_0_name is missing else l_0_name)))
-    yield '\n  labels: '
-    yield str(t_1(context.eval_ctx, (undefined(name='labels') if l_0_labels is missing else l_0_labels)))
-    if (undefined(name='owner_references') if l_0_owner_references is missing else l_0_owner_references):
+    for l_1_o in (undefined(name='objects') if l_0_objects is missing else l_0_objects):
+        l_1_labels = resolve('labels')
+        l_1_owner_references = resolve('owner_references')
+        _loop_vars = {}
         pass
-        yield '\n  ownerReferences: '
-        yield str(t_1(context.eval_ctx, (undefined(name='owner_references') if l_0_owner_references is missing else l_0_owner_references)))
-    yield '\nspec: '
-    yield str(t_1(context.eval_ctx, (undefined(name='spec') if l_0_spec is missing else l_0_spec)))
+        yield '\n---\napiVersion: '
+        yield str(t_1(context.eval_ctx, environment.getattr(l_1_o, 'api_version')))
+        yield '\nkind: '
+        yield str(t_1(context.eval_ctx, environment.getattr(l_1_o, 'kind')))
+        yield '\nmetadata:\n  name: '
+        yield str(t_1(context.eval_ctx, environment.getattr(l_1_o, 'name')))
+        yield '\n  labels: '
+        yield str(t_1(context.eval_ctx, (undefined(name='labels') if l_1_labels is missing else l_1_labels)))
+        if (undefined(name='owner_references') if l_1_owner_references is missing else l_1_owner_references):
+            pass
+            yield '\n  ownerReferences: '
+            yield str(t_1(context.eval_ctx, (undefined(name='owner_references') if l_1_owner_references is missing else l_1_owner_references)))
+    l_1_o = l_1_labels = l_1_owner_references = missing
     yield '\n'
 
 blocks = {}
-debug_info = '3=24&4=26&6=28&7=30&8=31&9=34&11=36'
+debug_info = '5=18&7=24&8=26&10=28&11=30&12=31&13=34'
