@@ -36,6 +36,7 @@ Interface (used by the operator, the webhook, the CLI):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -625,30 +626,19 @@ def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
     }
 
 
+_CEL_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'" + r'|"((?:[^"\\]|\\.)*)"', re.S)
+
+
+def _as_double_quoted(match: re.Match) -> str:
+    if match[2] is not None:
+        return match[0]
+    return '"' + match[1].replace("\\'", "'").replace('"', '\\"') + '"'
+
+
 def _double_quoted(expression: str) -> str:
     """The CEL with its string literals in double quotes. Same meaning; the YAML printed by
     `kata-sizing render` then quotes the expression once instead of doubling every quote in it."""
-    out, i = [], 0
-    while i < len(expression):
-        quote = expression[i]
-        if quote not in "'\"":
-            out.append(quote)
-            i += 1
-            continue
-        j, text = i + 1, []
-        while expression[j] != quote:
-            if expression[j] == "\\":
-                text.append(expression[j:j + 2])
-                j += 2
-            else:
-                text.append(expression[j])
-                j += 1
-        body = "".join(text)
-        if quote == "'":
-            body = body.replace("\\'", "'").replace('"', '\\"')
-        out.append(f'"{body}"')
-        i = j + 1
-    return "".join(out)
+    return _CEL_LITERAL.sub(_as_double_quoted, expression)
 
 
 def _requote(value: object) -> object:
@@ -669,12 +659,13 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
     policy = sizing.policy
     admission = policy.spec.admission
     names = admission_names(policy.name)
-    variables = cel_variables(sizing)
-    checks = validations(sizing)
+    # Each expression converted once; the objects share them (render_admission copies).
+    variables = _requote(cel_variables(sizing))
+    checks = _requote(validations(sizing))
     selector = _selector_dict(namespace_selector(policy))
     match_resources = {"matchResources": {"namespaceSelector": selector}} if selector else {}
-    kata = _match_condition_kata(sizing)
-    without_class = _match_condition_without_class()
+    kata = _requote(_match_condition_kata(sizing))
+    without_class = _requote(_match_condition_without_class())
     objects = []
     for key, action, conditions in (
         ("memory", admission.memory_limit_missing, [kata]),
@@ -712,7 +703,7 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
         objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicyBinding", names["route"], {
             "policyName": names["route"], **match_resources,
         }))
-    return [(api_version, kind, name, _requote(spec)) for api_version, kind, name, spec in objects]
+    return objects
 
 
 def admission_objects(sizing: PolicySizing) -> list[dict]:
