@@ -45,14 +45,14 @@ def _wait(predicate: Callable[[], object], timeout: float, interval: float = 0.0
     return None
 
 
-def _objects_written(cp: ControlPlane, name: str) -> bool:
+def _objects_written(cp: ControlPlane, name: str, admission_objects: int = 6) -> bool:
     selector = f"katasizing.dev/policy={name}"
     admission = sum(len(cp.items(f"/apis/admissionregistration.k8s.io/v1/{kind}", selector)) for kind in (
         "validatingadmissionpolicies", "validatingadmissionpolicybindings",
         "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"))
     # Two ValidatingAdmissionPolicies and a MutatingAdmissionPolicy, each with its binding.
     return (len(cp.items(RUNTIME_CLASSES, selector)) == CLASSES and len(cp.items(configmaps(), selector)) >= 3
-            and admission == 6)
+            and admission == admission_objects)
 
 
 def _quiet(cp: ControlPlane, seconds: float = 1.0, timeout: float = 60) -> None:
@@ -151,6 +151,19 @@ def bench_realserver(report: Report, quick: bool = False) -> None:
                        verdict(statistics.median(created) < 0.3))
                 report("real API server: policy created -> all objects written, p95",
                        f"{percentile(created, 0.95) * 1000:.0f} ms", "", "")
+                # The same without the admission objects (spec.admission.enabled: false): what they add.
+                without = []
+                for i in range(samples):
+                    name = f"noadm-{i}"
+                    start = time.perf_counter()
+                    cp.create(POLICIES, explicit_classes_policy(name, admission={"enabled": False}))
+                    if _wait(lambda: _objects_written(cp, name, admission_objects=0), 20) is not None:
+                        without.append(time.perf_counter() - start)
+                report("  same, spec.admission.enabled: false (no admission objects), median",
+                       f"{statistics.median(without) * 1000:.0f} ms", "", "")
+                for i in range(samples):
+                    cp.delete(f"{POLICIES}/noadm-{i}")
+                _wait(lambda: not [n for n in cp.items(POLICIES) if n.startswith("noadm-")], 60, 0.2)
                 _wait(lambda: len(_ready(cp)) == samples, 60)
                 _quiet(cp)
 
