@@ -411,6 +411,12 @@ class NotOurs(Exception):
     """The object with this name belongs to somebody else (found on a re-read)."""
 
 
+# Writes one pass has in flight at once. More would shorten a single policy's creation a little
+# further, but at a cold start every policy's pass runs at once, and each waiting write holds its
+# request: with all ten at once, 200 policies peaked 30 MiB higher against the real API server.
+WRITES_PER_PASS = 4
+
+
 @dataclass
 class PassResult:
     writes: list[str] = field(default_factory=list)
@@ -548,45 +554,66 @@ async def apply_desired(
     owner = (desired.policy_name, desired.policy_uid)
     desired.conflicts, desired.missing = set(), set()
 
-    def conflict(key: ObjKey, text: str) -> None:
+    def conflict(key: ObjKey, text: str, into: PassResult = result) -> None:
         desired.conflicts.add(key)
-        result.conflicts.append(text)
+        into.conflicts.append(text)
 
-    for key, want in desired.owned.items():
+    async def apply_owned(key: ObjKey, want: dict) -> PassResult:
+        part = PassResult()
         have = live.get(key)
         if have is None:
             # Not labelled as ours, but the name may be taken by somebody else's object.
             have = await _current(api, key, children)
             if have is not None:
                 if not is_ours(have, *owner):
-                    conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched")
-                    continue
+                    conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched", part)
+                    return part
                 live[key] = have
         if have is not None and key[0] == "RuntimeClass" and have.get("handler") != want.get("handler"):
             await _recreate(api, key, want, have, children)
-            result.writes.append(f"re-created {describe(key)} (handler changed)")
-            continue
+            part.writes.append(f"re-created {describe(key)} (handler changed)")
+            return part
         diff = differences(want, have) if have is not None else ["(missing)"]
         if not diff:
-            continue
+            return part
         if not write_drift:
-            result.drifted.append(f"{describe(key)}: {', '.join(diff)}")
+            part.drifted.append(f"{describe(key)}: {', '.join(diff)}")
             _report_once(cache, sink, desired, key, have, diff)
-            continue
+            return part
         try:
             done = await _write_with_retry(api, key, want, have, children=children, owner=owner)
         except NotOurs:
-            conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched")
-            continue
+            conflict(key, f"{describe(key)} exists and is not managed by this policy; left untouched", part)
+            return part
         except Invalid as exc:
             if not is_admission_kind(key[0]):
                 raise
             # A server whose CEL library lacks something the rule uses refuses the object (422):
             # said in status, and the other objects are still written.
-            result.refused.append(f"{describe(key)}: {exc}")
-            continue
+            part.refused.append(f"{describe(key)}: {exc}")
+            return part
         if done:
-            result.writes.append(done)
+            part.writes.append(done)
+        return part
+
+    # The owned objects are independent of each other (a binding may name its policy before
+    # the policy exists), so up to WRITES_PER_PASS are written at once: a new policy's ten
+    # objects cost three round trips of latency, not ten. Every write finishes before the pass
+    # goes on or fails (no write outlives its pass); results keep the policy's order.
+    slots = asyncio.Semaphore(WRITES_PER_PASS)
+
+    async def bounded(key: ObjKey, want: dict) -> PassResult:
+        async with slots:
+            return await apply_owned(key, want)
+
+    parts = await asyncio.gather(
+        *(bounded(key, want) for key, want in desired.owned.items()), return_exceptions=True)
+    for part in parts:
+        if isinstance(part, BaseException):
+            raise part
+    for part in parts:
+        for name in ("writes", "conflicts", "drifted", "refused"):
+            getattr(result, name).extend(getattr(part, name))
 
     for key, want in desired.guarded.items():
         have = live.get(key) or await _current(api, key, children)
