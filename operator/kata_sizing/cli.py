@@ -291,17 +291,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.class_name is None:
         raise InputError("explain needs --class (with --cpu/--memory) or --pod POD.yaml")
     args.policy = _policy_path(args)
-    policies = load_policies(args.policy)
-    if len(policies) > 1 and not args.policy_name:
-        names = ", ".join(p.name for p in policies)
-        raise PolicyError([f"{args.policy} holds several policies ({names}); pick one with --policy-name"])
-    if args.policy_name:
-        chosen = [p for p in policies if p.name == args.policy_name]
-        if not chosen:
-            raise PolicyError([f"--policy-name: no policy {args.policy_name!r} in {args.policy}"])
-        policy = chosen[0]
-    else:
-        policy = policies[0]
+    policy = _chosen_policy(args, args.policy)
     sizing = size_policy(policy)
     if sizing.errors:
         raise PolicyError([str(p) for p in sizing.errors])
