@@ -344,11 +344,6 @@ def _without_owner_references(obj: dict) -> dict:
     return obj
 
 
-def routing_of(policy: KataSizingPolicy) -> str:
-    admission = getattr(policy.spec, "admission", None)
-    return getattr(admission, "routing", None) or "Auto"
-
-
 def admission_objects(
     rendered: Rendered, admission_versions: dict[str, str] | None,
 ) -> tuple[dict[ObjKey, dict], list[dict]]:
@@ -357,7 +352,7 @@ def admission_objects(
     object is kept when the server serves its kind at the version it is rendered with."""
     kept: dict[ObjKey, dict] = {}
     left_out: list[dict] = []
-    for obj in getattr(rendered, "admission", None) or []:
+    for obj in rendered.admission:
         version = (obj.get("apiVersion") or "").rpartition("/")[2]
         if admission_versions is None or admission_versions.get(obj["kind"]) == version:
             kept[obj_key(obj)] = obj
@@ -389,7 +384,7 @@ def build_desired(
         owned=owned,
         guarded=guarded,
         unserved=[f"{o['kind']} {o['metadata']['name']} ({o.get('apiVersion')})" for o in left_out],
-        routing=routing_of(policy),
+        routing=policy.spec.admission.routing,
     )
 
 
@@ -880,8 +875,7 @@ async def reconcile(
 def routing_warnings(policy: KataSizingPolicy, desired: Desired, webhook_serving: bool | None) -> list[str]:
     """The routing falls to the operator's webhook (routing Webhook, or Auto without a served
     MutatingAdmissionPolicy) but this operator serves none (`--webhook-port`): nobody routes."""
-    admission = getattr(policy.spec, "admission", None)
-    if webhook_serving is not False or admission is None or not admission.enabled:
+    if webhook_serving is not False or not policy.spec.admission.enabled:
         return []
     falls_to_webhook = desired.routing == "Webhook" or any(
         w.startswith("MutatingAdmissionPolicy") for w in desired.unserved if desired.unserved_expected(w))
