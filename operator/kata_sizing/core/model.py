@@ -24,11 +24,11 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-import yaml
 
 from . import bounded, defaults
 from .defaults import Runtime
 from .quantity import QuantityError, cpu_cores, memory_bytes
+from .yamlout import reads_as_string_in_go
 
 GROUP = "katasizing.dev"
 VERSION = "v1alpha1"
@@ -727,8 +727,10 @@ class KataSizingPolicy(_Model):
                     f"{source}: RuntimeClass/handler {name!r} is {len(name)} characters; "
                     "a handler is a DNS label of at most 63"
                 )
-            if not isinstance(yaml.safe_load(name), str):
-                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date.
+            if not reads_as_string_in_go(name):
+                # kata-deploy takes the handler from the plain `handler:` line of the values
+                # overlay's runtimeClass string, so it cannot be quoted: 2024-01-02 would be a
+                # date and 1e-3 a number to the chart's YAML reader.
                 raise ValueError(
                     f"{source}: RuntimeClass/handler {name!r} would read as a number or date "
                     "in YAML; start the prefix with a letter"

@@ -8,7 +8,7 @@ so that they cannot drift apart:
 
 - in Python (`pod_limits`, `check_pod`, `route`), for `kata-sizing explain --pod`,
   `kata-sizing audit --pods`, the operator's audit of running pods and its webhook fallback;
-- as CEL for the API server (`admission_objects`): a ValidatingAdmissionPolicy per rule (a
+- as CEL for the API server (`admission_specs`): a ValidatingAdmissionPolicy per rule (a
   binding's validationActions apply to every validation of its policy, and each rule has its
   own action) and a MutatingAdmissionPolicy for the routing. tests/test_podfit.py runs a
   table of pods through both, the CEL on the real API server.
@@ -31,7 +31,8 @@ Interface (used by the operator, the webhook, the CLI):
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
   applies (only runtimeClassName; see `route_patch`).
-- `admission_objects(sizing) -> list[dict]`: the VAPs, MAP and bindings, labelled, unowned.
+- `admission_specs(sizing) -> [(apiVersion, kind, name, spec)]`: the VAPs, MAP and bindings
+  (render.render_admission makes them objects, with the policy's labels and owner).
 """
 
 from __future__ import annotations
@@ -704,10 +705,3 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
             "policyName": names["route"], **match_resources,
         }))
     return objects
-
-
-def admission_objects(sizing: PolicySizing) -> list[dict]:
-    """The admission objects as `kata-sizing render` prints them and the operator applies them."""
-    from .render import render_admission
-
-    return render_admission(sizing)
