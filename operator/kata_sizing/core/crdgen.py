@@ -121,7 +121,7 @@ _SERVER_RULES: dict[str, dict[str, Any]] = {
     # merges one condition without replacing the others.
     "status.conditions": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     "status.classes": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    # reconcile.POD_AUDIT_LISTED: the list is bounded, the counts cover every pod.
+    # status.POD_AUDIT_LISTED: the list is bounded, the counts cover every pod.
     "status.podAudit.listed": {"maxItems": 50},
 }
 
