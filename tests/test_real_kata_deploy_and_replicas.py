@@ -103,8 +103,12 @@ def test_two_replicas_one_writes_and_a_leader_killed_mid_work_is_replaced_with_n
         assert len(cp.items(RUNTIME_CLASSES)) == 32
 
         requests = cp.operator_requests(mark)
-        creates = [e.name for e in requests if e.resource == "runtimeclasses" and e.verb == "create" and e.code == 201]
-        assert sorted(creates) == sorted(cp.items(RUNTIME_CLASSES)), "a RuntimeClass was created twice or lost"
+        creates = [e for e in requests if e.resource == "runtimeclasses" and e.verb == "create"]
+        created = [e.name for e in creates if e.code == 201]
+        assert len(created) == len(set(created)), "a RuntimeClass was created twice"
+        # Creates in flight when the leader was killed may have landed with no 201 in the audit
+        # log (its client was gone before the answer): each object was asked for, none twice.
+        assert set(created) <= set(cp.items(RUNTIME_CLASSES)) <= {e.name for e in creates}
         assert not [e for e in requests if e.resource == "runtimeclasses" and e.verb == "delete"]
         # The second replica wrote nothing while the first lived, and afterwards only once it
         # held the Lease.

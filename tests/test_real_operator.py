@@ -172,6 +172,42 @@ def test_create_writes_what_render_prints(control_plane, real_operator, tmp_path
         "created-kata-deploy-values", "created-dropins", "created-node-guidance"}
 
 
+def test_an_output_namespace_that_does_not_exist_yet_is_said_in_status_and_backed_off(control_plane, real_operator):
+    """spec.output.namespace missing: the status says so with the server's message, the other
+    objects are written, each ConfigMap is tried once a pass with the passes backing off (not
+    five tries 55 ms apart), the log line of that pass counts the writes that landed, and once the
+    namespace exists the ConfigMaps follow."""
+    cp = control_plane
+    real_operator.start("--log-format", "json")
+    mark = cp.audit_offset()
+    cp.apply(qemu_rs("early", output={"namespace": "not-yet"}))
+    st = wait_observed(cp, "early", InSync="False")
+    in_sync = {c["type"]: c for c in st["conditions"]}["InSync"]
+    assert in_sync["reason"] == "OutputNamespaceMissing", in_sync
+    assert 'namespaces "not-yet" not found' in in_sync["message"]
+    assert len(runtime_classes(cp, "early")) == len(CLASSES)
+    time.sleep(6)
+    creates = [e for e in cp.operator_writes(mark, "configmaps") if e.verb == "create"]
+    # Three ConfigMaps; passes after 0.2, 0.4, 0.8, 1.6, 3.2 s (capped exponential, with jitter).
+    assert 3 <= len(creates) <= 3 * 7, creates
+    log = real_operator.log()
+    assert "still conflicting" not in log
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    first = next(e for e in lines if e.get("policy") == "early" and e.get("trigger") == "apply")
+    landed = [e for e in cp.operator_writes(mark) if e.verb == "create" and e.code == 201
+              and e.resource in ("runtimeclasses", "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+                                 "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")]
+    assert first["result"] == "error" and first["writes"] == len(landed) == len(CLASSES) + 6, first
+
+    cp.kubectl("create", "namespace", "not-yet")
+    try:
+        wait_observed(cp, "early", timeout=40, Ready="True")
+        assert set(cp.items(configmaps("not-yet"), "katasizing.dev/policy=early")) == {
+            "early-kata-deploy-values", "early-dropins", "early-node-guidance"}
+    finally:
+        cp.kubectl("delete", "namespace", "not-yet", "--wait=false")
+
+
 def test_update_add_and_remove_a_class_and_rename_the_prefix(control_plane, real_operator, tmp_path):
     real_operator.start()
     body = qemu_rs("changing")

@@ -202,7 +202,12 @@ async def _reconcile(state: OperatorState, body: kopf.Body, trigger: str, retry:
                      facts: tuple | None = None) -> None:
     try:
         await _pass(state, _plain(body), trigger, facts)
-    except (TransientApiError, Conflict, rc.RetryLater) as exc:
+    except rc.RetryLater as exc:
+        # The status says what is wrong; the queue runs the pass again with a growing back-off
+        # (one retry loop per policy, whoever started the pass).
+        log.info("policy %s: %s; queued to run again", body["metadata"]["name"], exc)
+        state.enqueue_pass(body["metadata"]["name"], "retry")
+    except (TransientApiError, Conflict) as exc:
         delay = backoff_s(retry)
         raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
     except ApiError as exc:
@@ -276,14 +281,14 @@ def _child_changed(state: OperatorState, key, before: dict | None, after: dict |
     policy's pass decides what to do, as every pass does. Not for an object that is now as the
     policy wants it when its last pass had nothing to say about it (the echo of a write)."""
     desired = state.desired.for_child(key, after or before)
-    if desired is None or state.work is None:
+    if desired is None:
         return
     if after is not None and key not in state.attention.get(desired.policy_name, ()):
         found = desired.lookup(key)
         if found is not None and is_ours(after, desired.policy_name, desired.policy_uid) and not differences(
                 found[0], after, found[1] is Ownership.GUARDED):
             return
-    state.work.add(("pass", desired.policy_name, "drift"))
+    state.enqueue_pass(desired.policy_name, "drift")
 
 
 async def _leadership_changed(state: OperatorState, leading: bool) -> None:
@@ -291,7 +296,7 @@ async def _leadership_changed(state: OperatorState, leading: bool) -> None:
         # kopf resumes only policies it has not seen in this process: a replica that leads again
         # would otherwise wait for the next resync to say what changed while the other one led.
         if state.work is not None:
-            state.work.add(("leader", None, "leader"))
+            state.work.add(("leader",))
         return
     # Not the leader: it exports no policy gauges (the alerts sum them over replicas) and
     # forgets what it said, which the leader says from now on.
@@ -300,24 +305,30 @@ async def _leadership_changed(state: OperatorState, leading: bool) -> None:
 
 
 async def _process(state: OperatorState, item: tuple) -> None:
-    what, name, trigger = item
+    if item[0] == "leader":
+        try:
+            policies = await state.api.list(KIND)
+        except (TransientApiError, Conflict) as exc:
+            raise Retry(str(exc)) from None
+        for body in policies:
+            if not (body.get("metadata") or {}).get("deletionTimestamp"):
+                rc.remember_body(state, body)
+                state.enqueue_pass(body["metadata"]["name"], "leader")
+        return
+    name = item[1]
+    trigger = state.queued.pop(name, "retry")
     try:
-        if what == "leader":
-            for body in await state.api.list(KIND):
-                if not (body.get("metadata") or {}).get("deletionTimestamp"):
-                    rc.remember_body(state, body)
-                    state.work.add(("pass", body["metadata"]["name"], "leader"))
-            return
         if name not in state.policies:
             body = await state.api.read(policy_key(name))
-            if body is None:
+            if body is None or body["metadata"].get("deletionTimestamp"):
                 return
             rc.remember_body(state, body)
         await _pass(state, state.policies[name], trigger, queued=True)
     except (TransientApiError, Conflict, rc.RetryLater) as exc:
+        state.queued.setdefault(name, "retry")
         raise Retry(str(exc)) from None
     except ApiError as exc:
-        log.error("%s %s not handled: %s; the next resync retries", what, name, exc)
+        log.error("policy %s not passed: %s; the next resync retries", name, exc)
 
 
 async def validate_policy(

@@ -50,10 +50,12 @@ async def run_pass(
     plan = plan_pass(gathered)
     if plan.intent.desired is not None:
         state.desired.put(plan.intent.desired)  # before writing, so our own writes never look like drift
-    state.attention[name] = {action.key for action in plan.actions}
     owner = (name, (body.get("metadata") or {}).get("uid"))
     outcome = await execute(state.api, plan.writes, owner, state.children, landed)
     conclusion = conclude(gathered, plan, outcome)
+    state.attention[name] = {action.key for action in plan.actions
+                             if not action.writes or outcome.results.get(action.key) is None
+                             or outcome.results[action.key].status != DONE}
     ref = plan.intent.desired.ref if plan.intent.desired is not None else policy_ref(body)
     state.reported[name] = set(conclusion.reported)
     state.announced[name] = dict(conclusion.announced)

@@ -97,8 +97,8 @@ class OperatorState:
     policies: dict[str, dict] = field(default_factory=dict)
     # The status this replica last wrote per policy: what the next pass compares with.
     written_status: dict[str, dict] = field(default_factory=dict)
-    # Per policy: the objects its last pass acted on or reported (a change of any other object
-    # that leaves it as the policy wants it needs no pass).
+    # Per policy: the objects its last pass reported, or could not write (a change of any other
+    # object that leaves it as the policy wants it needs no pass).
     attention: dict[str, set[ObjKey]] = field(default_factory=dict)
     # Per policy: the drift its passes reported (as (key, resourceVersion)) and still stands, and
     # the events last posted, by reason.
@@ -107,6 +107,14 @@ class OperatorState:
     # Increments of status.driftCorrections/driftDetected not yet written, per policy.
     pending_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     background: list[asyncio.Task] = field(default_factory=list)
+    # Why each policy's queued pass runs (drift, leader, retry): the queue holds one item per
+    # policy, whatever asked for it.
+    queued: dict[str, str] = field(default_factory=dict)
+
+    def enqueue_pass(self, policy_name: str, trigger: str) -> None:
+        if self.work is not None:
+            self.queued[policy_name] = trigger
+            self.work.add(("pass", policy_name))
 
     def lock(self, policy_name: str) -> asyncio.Lock:
         return self.locks.setdefault(policy_name, asyncio.Lock())
@@ -124,6 +132,7 @@ class OperatorState:
         self.announced.pop(policy_name, None)
         self.reported.pop(policy_name, None)
         self.pending_counts.pop(policy_name, None)
+        self.queued.pop(policy_name, None)
 
     def forget_leadership(self) -> None:
         """This replica stopped leading: what it announced and reported is another replica's
