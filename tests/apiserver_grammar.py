@@ -197,3 +197,31 @@ def tolerations(draw) -> dict:
     if draw(st.booleans()):
         toleration["tolerationSeconds"] = draw(st.integers(-5, 3600))
     return toleration
+
+
+# --- what the CRD's structural schema takes ----------------------------------------------------
+
+# The CRD's pattern for a quantity written as a string (crds/, from the API server's grammar);
+# Go's `$` is the end of the text.
+_QUANTITY_PATTERN = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+
+
+def schema_accepts(kind: str, scalar: Scalar) -> bool:
+    """Whether the API server stores `scalar` in a field of this kind: boolean, integer (with
+    minimum 1: 'positive'), string, or an int-or-string quantity."""
+    if kind == "boolean":
+        return scalar.json_type == "boolean"
+    if kind == "integer":
+        return scalar.json_type == "integer"
+    if kind == "positive":
+        return scalar.json_type == "integer" and scalar.value >= 1
+    if kind == "label-value":
+        return scalar.json_type == "string" and label_value_ok(scalar.value)
+    if kind == "quantity":
+        return scalar.json_type == "integer" or (
+            scalar.json_type == "string" and _QUANTITY_PATTERN.fullmatch(scalar.value) is not None)
+    raise ValueError(kind)
+
+
+quantity_texts = st.sampled_from(["1Gi", "512Mi", "1.5Gi", "-1Gi", "1e3", "1E3", ".5", "5.", "+1k", "0x10", "lots",
+                                  "1 Gi", "1Gi\n", "", "0", "1e", "Gi", "1.5.5", "١Gi", "2Ei"])
