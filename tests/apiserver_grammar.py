@@ -208,14 +208,16 @@ _QUANTITY_PATTERN = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|
 
 def schema_accepts(kind: str, scalar: Scalar) -> bool:
     """Whether the API server stores `scalar` in a field of this kind: boolean, integer (with
-    minimum 1: 'positive'), string, or an int-or-string quantity."""
+    minimum 1: 'positive'), string, a label value, or an int-or-string quantity."""
     if kind == "boolean":
         return scalar.json_type == "boolean"
     if kind == "integer":
         return scalar.json_type == "integer"
     if kind == "positive":
         return scalar.json_type == "integer" and scalar.value >= 1
-    if kind == "label-value":
+    if kind == "string":
+        return scalar.json_type == "string"
+    if kind == "label-value":  # a string the CRD takes and a RuntimeClass's nodeSelector too
         return scalar.json_type == "string" and label_value_ok(scalar.value)
     if kind == "quantity":
         return scalar.json_type == "integer" or (

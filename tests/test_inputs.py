@@ -473,3 +473,12 @@ def test_the_operator_with_an_unreadable_certificate_exits_at_once(tmp_path):
     assert proc.stderr.startswith(f"error: --webhook-cert/--webhook-key: {cert} and {cert} are not a PEM "
                                   "certificate and its private key (")
     assert len(proc.stderr.splitlines()) == 1
+
+
+def test_explain_says_kata_refuses_a_limitless_pod_of_a_zero_class(capsys, write):
+    policy = write(ZERO)
+    pod = write(yaml.safe_dump(_pod("no-limits", "kata-zero-s")), "pod.yaml")
+    code, out, _ = run(capsys, "explain", "--pod", pod, "--policy", policy)
+    assert code == 1
+    assert ("  admission:            refused [pod-sandbox-memory-zero]: pod a/no-limits on RuntimeClass kata-zero-s: "
+            "Kata refuses to start it: computed sandbox memory is 0 MiB") in out

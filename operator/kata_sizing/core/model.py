@@ -307,7 +307,7 @@ class SizeClass(_Model):
         millicores = cpu_cores(value) * 1000
         if millicores > INT64_MAX:
             raise ValueError(
-                f"{value} is {format(millicores, 'f')} millicores; the admission policies compare CPU in int64 "
+                f"{value} is {int(millicores)} millicores; the admission policies compare CPU in int64 "
                 f"millicores, at most {INT64_MAX}m")
         return value
 
