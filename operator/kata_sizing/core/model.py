@@ -709,7 +709,8 @@ class PodAuditCount(_Status):
     """How many running pods of one class break one rule."""
 
     class_name: str = Field(alias="class", description="The class (none: a pod asking to be routed that has no class).")
-    rule: str = Field(description="The rule id (docs/rules.md): pod-envelope-exceeded, pod-memory-limit-missing, pod-not-routed.")
+    rule: str = Field(description="The rule id (docs/rules.md): pod-envelope-exceeded, pod-memory-limit-missing, "
+                      "pod-not-routed, pod-sandbox-memory-zero.")
     pods: int = Field(description="Pods breaking it.")
 
 

@@ -27,7 +27,9 @@ Interface (used by the operator, the webhook, the CLI):
 - `pod_spec_of(obj) -> dict`: the pod spec of a Pod or of a workload's pod template.
 - `pod_limits(pod_or_spec) -> PodLimits`: effective limits (millicores, bytes; None: none set).
 - `route(limits, sizing) -> ClassSizing | None`: the smallest class whose envelope covers them.
-- `check_limits(limits, runtime_class, sizing, ...) -> list[PodFinding]`: the rule on figures.
+- `check_limits(limits, runtime_class, sizing, ...) -> list[PodFinding]`: the rule on figures
+  (with, for a runtime-rs class of a 0 MiB default_memory or overhead_memory, the pods Kata
+  would refuse to start: rule pod-sandbox-memory-zero, docs/rules.md).
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
   applies (only runtimeClassName; see `route_patch`).
