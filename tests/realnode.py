@@ -412,10 +412,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             command: list[str] | None = None, limits: Mapping[str, str] | None = None,
             requests: Mapping[str, str] | None = None, **spec: Any) -> dict:
         """A pod of the tools image (never pulled) tolerating the node's taint; `command`
-        defaults to sleeping until deleted. Extra keyword arguments go into its spec."""
+        defaults to `podtool pause` (sleeps, and exits at once on SIGTERM, where a shell's
+        `sleep` as PID 1 ignores it until the grace period ends). Extra keyword arguments go
+        into its spec."""
         resources = {k: dict(v) for k, v in (("limits", limits), ("requests", requests)) if v}
         container = {"name": "main", "image": self.tools_image, "imagePullPolicy": "Never",
-                     "command": command or ["sleep", "3600"], "resources": resources}
+                     "command": command or ["/podtool", "pause"], "resources": resources}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
                 "spec": {"containers": [container], "tolerations": [NODE_TOLERATION],
                          "terminationGracePeriodSeconds": 1, "restartPolicy": "Never", **spec}}
@@ -433,8 +435,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         return name
 
     def delete_namespace(self, name: str, timeout: float = 90) -> None:
+        """Delete its pods and wait until the kubelet has stopped them (the next test finds the
+        node empty), then the namespace, without waiting: the namespace controller takes about
+        5 s more to remove even an empty one."""
+        pods = f"/api/v1/namespaces/{name}/pods"
+        self.cp.request("DELETE", pods)
+        poll(lambda: not self.cp.request("GET", pods)["items"], timeout, f"the pods of {name} gone")
         self.cp.delete(f"/api/v1/namespaces/{name}")
-        poll(lambda: self.cp.get(f"/api/v1/namespaces/{name}") is None, timeout, f"namespace {name} deleted")
 
     def pod_path(self, pod: Mapping[str, Any]) -> str:
         return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
