@@ -26,23 +26,26 @@ import zipfile
 from pathlib import Path
 
 # Flux v2.9.5's controllers (the versions its manifests/crds/kustomization.yaml pins), Argo CD,
-# the Prometheus Operator and cert-manager: module, version, go.sum hash, files (a directory
-# ending in / takes its *.yaml).
+# the Prometheus Operator and cert-manager: module, version, go.sum hash, and the CRDs of the
+# kinds the examples and the chart use.
 MODULES = [
     ("flux", "github.com/fluxcd/source-controller", "v1.9.5",
-     "h1:MFPyCodUi9hZIMaKDsC/rYbNoyzpvrAdrPVixj7W9F0=", ["config/crd/bases/"]),
+     "h1:MFPyCodUi9hZIMaKDsC/rYbNoyzpvrAdrPVixj7W9F0=",
+     ["config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml",
+      "config/crd/bases/source.toolkit.fluxcd.io_ocirepositories.yaml"]),
     ("flux", "github.com/fluxcd/kustomize-controller", "v1.9.5",
-     "h1:/XY2zy3K7fntyppEXIHG7oRMzmfgIt50eJzUfaPX1Kc=", ["config/crd/bases/"]),
+     "h1:/XY2zy3K7fntyppEXIHG7oRMzmfgIt50eJzUfaPX1Kc=",
+     ["config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml"]),
     ("flux", "github.com/fluxcd/helm-controller", "v1.6.4",
-     "h1:u/Ew7LehrwDQaE/NqWdaB3XnNDCxRGDcp1FZl7RKj4g=", ["config/crd/bases/"]),
+     "h1:u/Ew7LehrwDQaE/NqWdaB3XnNDCxRGDcp1FZl7RKj4g=",
+     ["config/crd/bases/helm.toolkit.fluxcd.io_helmreleases.yaml"]),
     ("argocd", "github.com/argoproj/argo-cd/v3", "v3.6.2",
-     "h1:t6RQrVV4hg9M0+lPMsUvi9e4RnYV9dE99/guXGxG6Lc=", ["manifests/crds/application-crd.yaml", "manifests/crds/appproject-crd.yaml"]),
+     "h1:t6RQrVV4hg9M0+lPMsUvi9e4RnYV9dE99/guXGxG6Lc=", ["manifests/crds/application-crd.yaml"]),
     ("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", "v0.94.0",
      "h1:VxMKzqr8Xqw5/QInNT7a3B5XInPnHqE7SD2UIdwKpRM=", ["example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
              "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"]),
     ("cert-manager", "github.com/cert-manager/cert-manager", "v1.21.2",
-     "h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68=", ["deploy/crds/cert-manager.io_certificates.yaml", "deploy/crds/cert-manager.io_issuers.yaml",
-             "deploy/crds/cert-manager.io_clusterissuers.yaml"]),
+     "h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68=", ["deploy/crds/cert-manager.io_certificates.yaml", "deploy/crds/cert-manager.io_issuers.yaml"]),
 ]
 
 
@@ -78,6 +81,7 @@ def module_zip(module: str, version: str) -> bytes:
 
 
 def fetch(dest: Path) -> None:
+    shutil.rmtree(dest, ignore_errors=True)
     versions = []
     for project, module, version, expected, wanted in MODULES:
         archive = zipfile.ZipFile(io.BytesIO(module_zip(module, version)))
@@ -88,12 +92,9 @@ def fetch(dest: Path) -> None:
         target = dest / project
         target.mkdir(parents=True, exist_ok=True)
         for want in wanted:
-            names = [n for n in archive.namelist() if n.startswith(prefix + want) and n.endswith(".yaml")
-                     and (not want.endswith("/") or "/" not in n[len(prefix + want):])]
-            if not names:
+            if prefix + want not in archive.namelist():
                 sys.exit(f"fetch-crds: {module}@{version} has no {want}")
-            for name in names:
-                (target / name.rsplit("/", 1)[1]).write_bytes(archive.read(name))
+            (target / want.rsplit("/", 1)[1]).write_bytes(archive.read(prefix + want))
         versions.append(f"{project} {module} {version}")
     (dest / "VERSIONS").write_text("\n".join(versions) + "\n")
 
