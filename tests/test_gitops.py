@@ -204,6 +204,11 @@ def test_argocd_cm_carries_the_health_checks_verbatim() -> None:
     }
 
 
+def test_the_docs_show_the_health_check_argo_cd_runs() -> None:
+    gitops = (ROOT / "docs" / "gitops.md").read_text()
+    assert f"```lua\n{(HEALTH / 'katasizingpolicy.lua').read_text()}```" in gitops
+
+
 # What the operator writes (conditions as tests/test_gitops_real.py reads them from the real API
 # server, abridged); a policy before its first pass has no status at all.
 def policy_with(generation: int, observed: int | None, ready: tuple[str, str, str] | None) -> dict:
