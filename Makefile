@@ -18,7 +18,14 @@ $(STAMP): requirements.lock pyproject.toml
 $(TOOLS)/kubectl: scripts/fetch-kubectl.sh | $(STAMP)
 	bash scripts/fetch-kubectl.sh $(TOOLS)
 
-tools: $(TOOLS)/kubectl
+# The CRDs of Flux, Argo CD, the Prometheus Operator and cert-manager at pinned versions, from
+# their Go module zips (hash-checked; Go's module cache is used when it holds them): the GitOps
+# examples and the chart's optional objects are created against them on the real control plane.
+CRDS := $(TOOLS)/crds/VERSIONS
+$(CRDS): scripts/fetch-crds.py
+	$(PYTHON) scripts/fetch-crds.py $(TOOLS)/crds
+
+tools: $(TOOLS)/kubectl $(CRDS)
 
 # The real control plane (etcd, kube-apiserver, garbage-collector and namespace controllers)
 # builds from the published Go modules pinned in tests/controlplane/go.sum. Go's module and
@@ -36,7 +43,7 @@ demo: $(STAMP)
 
 # Without Go the real-server tests skip with one line saying why (CI sets
 # KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure).
-test: $(STAMP) $(TOOLS)/kubectl
+test: $(STAMP) $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory controlplane; \
 	else echo "go not found: the real control plane is not built and its tests will skip"; fi
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q

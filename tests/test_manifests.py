@@ -42,6 +42,7 @@ EXPECTED_KINDS = Counter(
         "Role": 1,
         "RoleBinding": 1,
         "Deployment": 1,
+        "PodDisruptionBudget": 1,  # two replicas, drained one at a time
         "Service": 1,  # /metrics
         "CustomResourceDefinition": 1,
     }
