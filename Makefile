@@ -73,18 +73,18 @@ bench: $(STAMP) $(TOOLS)/kubectl
 # The CRD is generated from the models; the Helm chart carries the same file in its crds/.
 CRD_FILES := crds/katasizingpolicies.katasizing.dev.yaml charts/kata-sizing/crds/katasizingpolicies.katasizing.dev.yaml
 crds: $(STAMP)
-	for f in $(CRD_FILES); do $(PY) -m kata_sizing.crdgen > $$f || exit 1; done
+	for f in $(CRD_FILES); do $(PY) -m kata_sizing.core.crdgen > $$f || exit 1; done
 
 check-crds: $(STAMP)
-	for f in $(CRD_FILES); do $(PY) -m kata_sizing.crdgen --check $$f || exit 1; done
+	for f in $(CRD_FILES); do $(PY) -m kata_sizing.core.crdgen --check $$f || exit 1; done
 
 # jinja2's compiled code of templates/, shipped in the package so a cold `kata-sizing render`
 # does not compile them (an edited template is compiled from its file until this is re-run).
 templates: $(STAMP)
-	$(PY) -m kata_sizing.templategen
+	$(PY) -m kata_sizing.core.templategen
 
 check-templates: $(STAMP)
-	$(PY) -m kata_sizing.templategen --check
+	$(PY) -m kata_sizing.core.templategen --check
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis

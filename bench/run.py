@@ -51,9 +51,9 @@ def bench_core(report: Report, quick: bool = False) -> None:
     """In-process render per policy, and the CLI's cold start."""
     import yaml
 
-    from kata_sizing.guidance import NodeFacts
-    from kata_sizing.model import parse_policy
-    from kata_sizing.render import render_policy
+    from kata_sizing.core.guidance import NodeFacts
+    from kata_sizing.core.model import parse_policy
+    from kata_sizing.core.render import render_policy
 
     runs = 50 if quick else 200
     policies = {

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kata_sizing import metrics
+from kata_sizing.controller import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kata-sizing"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing.model import parse_policy
-from kata_sizing.render import FLUX_WATCH_LABEL, VALUES_KEY, render_policy
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.render import FLUX_WATCH_LABEL, VALUES_KEY, render_policy
 from tests.test_chart import CHART, find_tool
 
 ROOT = Path(__file__).resolve().parent.parent
