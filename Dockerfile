@@ -4,7 +4,7 @@
 # imagetools inspect python:3.11.14-slim-bookworm` and replace both defaults.
 # Both stages must have the same Python at the same path so the venv's interpreter symlinks
 # resolve in the final one. `make image` builds without a registry by passing local bases from
-# Debian's packages: BUILDER_BASE with python3-venv, BASE without it (docs/install.md).
+# Debian's packages: BUILDER_BASE with python3-venv, BASE without it (docs/image.md).
 ARG BUILDER_BASE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 ARG BASE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 

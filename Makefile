@@ -32,7 +32,7 @@ $(CONTROLPLANE): $(CONTROLPLANE_SRC)
 controlplane: $(CONTROLPLANE)
 
 # The operator's image, built from the Dockerfile without a registry (scripts/image/build.sh;
-# docs/install.md): an OCI archive that `podman load` and `ctr -n k8s.io images import` accept.
+# docs/image.md): an OCI archive that `podman load` and `ctr -n k8s.io images import` accept.
 # IMAGE_REF is the chart's default repository and appVersion (pyproject.toml's version).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 IMAGE_REF := ghcr.io/kata-sizing/kata-sizing:$(VERSION)

@@ -231,7 +231,7 @@ print(json.dumps({"modules": len(modules),
 
 def test_every_module_the_operator_imports_has_usable_bytecode_in_the_image(podman: img.Podman) -> None:
     """With a read-only root and PYTHONDONTWRITEBYTECODE, a module without a current .pyc in
-    the image is compiled from source at every start (docs/install.md has the figures)."""
+    the image is compiled from source at every start (docs/image.md has the figures)."""
     result = run(podman, "-c", BYTECODE_PROBE, entrypoint="/opt/kata-sizing/bin/python",
                  options=("--volume", f"{EXAMPLES}:/policies:ro"))
     facts = json.loads(result.stderr.strip().splitlines()[-1])

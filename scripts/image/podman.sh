@@ -3,7 +3,7 @@
 # .tools/images/podman unless `--store DIR` comes first, so it never touches the machine's own
 # container storage. Usage: scripts/image/podman.sh [--store DIR] PODMAN-ARGS...
 #
-# Settings this machine type needs (see docs/install.md, "Building the image"):
+# Settings this machine type needs (see docs/image.md):
 # - runc, not crun: crun refuses this kernel's hybrid cgroup v1 hierarchy;
 # - cgroupfs and file events: no systemd manages the machine's cgroups or journal;
 # - ulimits no higher than the machine's hard limits: as root podman raises a container's
