@@ -5,8 +5,8 @@
 # Both stages must have the same Python at the same path so the venv's interpreter symlinks
 # resolve in the final one. `make image` builds without a registry by passing local bases from
 # Debian's packages: BUILDER_BASE with python3-venv, BASE without it (docs/image.md).
-ARG BUILDER_BASE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
-ARG BASE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+ARG BUILDER_BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+ARG BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${BUILDER_BASE} AS builder
 
@@ -33,6 +33,7 @@ FROM ${BASE}
 # (VERSION's default is pyproject.toml's version; a test keeps them equal).
 ARG VERSION=0.1.0
 ARG REVISION=unknown
+ARG BASE
 
 LABEL org.opencontainers.image.title="kata-sizing" \
       org.opencontainers.image.description="Sizes Kata Containers RuntimeClasses from one KataSizingPolicy and keeps them in sync" \
@@ -40,7 +41,7 @@ LABEL org.opencontainers.image.title="kata-sizing" \
       org.opencontainers.image.source="https://github.com/kata-sizing/kata-sizing" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11.14-slim-bookworm"
+      org.opencontainers.image.base.name="${BASE}"
 
 # No package installer in the final image: the base's pip, and the pip and setuptools wheels
 # that ensurepip (python:slim) or python3-venv (Debian) bundle for `python -m venv`.

@@ -78,6 +78,8 @@ def test_image_config_names_a_numeric_non_root_user_and_the_project_version(podm
     assert config["Entrypoint"] == ["kata-sizing"]
     assert config["Cmd"] == ["operator", "--standalone"]
     assert config["Labels"]["org.opencontainers.image.version"] == img.project_version()
+    # The base it was built on: `make image`'s runtime base, not the published one.
+    assert config["Labels"]["org.opencontainers.image.base.name"].startswith("localhost/kata-sizing-base-runtime:")
 
 
 PROBE = r"""

@@ -473,7 +473,7 @@ def test_dockerfile_base_images_are_pinned_and_identical() -> None:
     assert defaults["BUILDER_BASE"] == defaults["BASE"]
     reference, _, digest = defaults["BASE"].partition("@")
     image, _, tag = reference.partition(":")
-    assert image == "python"
+    assert image == "docker.io/library/python"  # fully qualified: it is the base.name label too
     assert re.fullmatch(r"3\.11\.\d+-slim(-\w+)?", tag), tag
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{defaults['BASE']} is not pinned by digest"
 
@@ -488,7 +488,8 @@ def dockerfile_labels() -> dict[str, str]:
 
 def test_dockerfile_labels_say_source_revision_and_version() -> None:
     labels = dockerfile_labels()
-    args = dict(rest.split("=", 1) for keyword, rest in dockerfile_instructions() if keyword == "ARG")
+    args = {name: default for keyword, rest in dockerfile_instructions() if keyword == "ARG"
+            for name, _, default in [rest.partition("=")]}
     with (ROOT / "pyproject.toml").open("rb") as stream:
         version = tomllib.load(stream)["project"]["version"]
     assert labels["org.opencontainers.image.version"] == "${VERSION}" and args["VERSION"] == version
