@@ -160,13 +160,14 @@ def test_no_package_installer_in_the_image(podman: img.Podman, tmp_path: Path) -
     bundled one or Debian's python3-venv's), no setuptools, in the file system the container
     sees nor in any layer of the archive."""
     container = podman("create", img.IMAGE_REF).stdout.strip()
+    exported = tmp_path / "rootfs.tar"  # about 300 MB: removed once listed
     try:
-        exported = tmp_path / "rootfs.tar"
         podman("export", "--output", str(exported), container)
+        listing = subprocess.run(["tar", "-tf", str(exported)], capture_output=True, text=True, check=True)
     finally:
         podman("rm", container)
-    listing = subprocess.run(["tar", "-tf", str(exported)], capture_output=True, text=True, check=True).stdout
-    files = listing.splitlines()
+        exported.unlink(missing_ok=True)
+    files = listing.stdout.splitlines()
     assert any(f.endswith("kata_sizing/__main__.py") for f in files)
     assert [f for f in files if is_package_installer(f)] == []
 
