@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.operator_bench import operator_process, wait_until  # noqa: E402
-from kata_sizing.cluster import facts_for_nodes, summarize_node, summarize_pod  # noqa: E402
-from kata_sizing.model import parse_policy  # noqa: E402
-from kata_sizing.render import render_policy  # noqa: E402
+from kata_sizing.controller.cluster import facts_for_nodes, summarize_node, summarize_pod  # noqa: E402
+from kata_sizing.core.model import parse_policy  # noqa: E402
+from kata_sizing.core.render import render_policy  # noqa: E402
 
 NODES = 500
 PODS = 20_000

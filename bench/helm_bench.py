@@ -80,8 +80,8 @@ def import_profile(argv: list[str], runs: int = 5, python: str = sys.executable)
 
 
 def bench_helm(report, quick: bool = False) -> None:
-    from kata_sizing.model import parse_policy
-    from kata_sizing.render import render_policy
+    from kata_sizing.core.model import parse_policy
+    from kata_sizing.core.render import render_policy
     import yaml
 
     chart = os.environ.get("KATA_DEPLOY_CHART")

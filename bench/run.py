@@ -51,9 +51,9 @@ def bench_core(report: Report, quick: bool = False) -> None:
     """In-process render per policy, and the CLI's cold start."""
     import yaml
 
-    from kata_sizing.guidance import NodeFacts
-    from kata_sizing.model import parse_policy
-    from kata_sizing.render import render_policy
+    from kata_sizing.core.guidance import NodeFacts
+    from kata_sizing.core.model import parse_policy
+    from kata_sizing.core.render import render_policy
 
     runs = 50 if quick else 200
     policies = {
@@ -119,6 +119,8 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     # kata-sizing render against helm template of the kata-deploy chart (KATA_DEPLOY_CHART).
     "helm": _external("bench.helm_bench", "bench_helm"),
     "realserver": _external("bench.realserver_bench", "bench_realserver"),
+    # The operator's image (`make image`): start-up in it, with and without bytecode.
+    "image": _external("bench.image_bench", "bench_image"),
 }
 
 

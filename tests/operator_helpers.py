@@ -245,7 +245,7 @@ class OperatorCluster:
         """`lease`: a leader.LeaseOptions to run as one leader-elected replica."""
         import kopf
 
-        from kata_sizing import handlers
+        from kata_sizing.controller import handlers
         from tests.harness import KopfThread
 
         assert self.operator is None, "the operator is already running"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing import defaults
-from kata_sizing.audit import (
+from kata_sizing.core import defaults
+from kata_sizing.core.audit import (
     AuditError,
     Rule,
     Severity,
@@ -20,9 +20,9 @@ from kata_sizing.audit import (
     runtime_classes_from_documents,
 )
 from kata_sizing.cli import load_policies, main
-from kata_sizing.defaults import Runtime
-from kata_sizing.quantity import MIB
-from kata_sizing.render import render_policy
+from kata_sizing.core.defaults import Runtime
+from kata_sizing.core.quantity import MIB
+from kata_sizing.core.render import render_policy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "audit"
 CHART_DEFAULTS = FIXTURES / "kata-deploy-defaults.yaml"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing import bounded
+from kata_sizing.core import bounded
 from kata_sizing.cli import main
-from kata_sizing.model import PolicyError, parse_policy
+from kata_sizing.core.model import PolicyError, parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = """apiVersion: katasizing.dev/v1alpha1
@@ -183,7 +183,7 @@ def test_selectors_are_kubernetes_labels(selector, problem) -> None:
 
 
 def test_an_alias_bomb_inside_a_custom_runtimes_runtime_class_string_is_a_finding(capsys, write) -> None:
-    from kata_sizing.audit import Rule, audit_values
+    from kata_sizing.core.audit import Rule, audit_values
 
     runtime_class = BILLION_LAUGHS + "handler: kata-bomb\noverhead:\n  podFixed:\n    memory: *i\n"
     values = {"customRuntimes": {"enabled": True, "runtimes": {"bomb": {
@@ -196,7 +196,7 @@ def test_an_alias_bomb_inside_a_custom_runtimes_runtime_class_string_is_a_findin
 
 
 def test_a_quantity_that_is_a_huge_aliased_list_is_reported_briefly() -> None:
-    from kata_sizing.quantity import QuantityError, memory_bytes
+    from kata_sizing.core.quantity import QuantityError, memory_bytes
 
     bomb = yaml.load(BILLION_LAUGHS, Loader=yaml.SafeLoader)["i"]  # 9^9 elements if expanded
     with pytest.raises(QuantityError) as info:

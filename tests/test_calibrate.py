@@ -1,4 +1,4 @@
-"""Tests for fitting Kata's guest overhead from survey rows (kata_sizing.calibrate)."""
+"""Tests for fitting Kata's guest overhead from survey rows (kata_sizing.core.calibrate)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kata_sizing.calibrate import (
+from kata_sizing.core.calibrate import (
     CalibrationError,
     Fit,
     Sample,

@@ -469,11 +469,11 @@ def test_plain_render_loads_neither_node_guidance_nor_builds_the_status_models(t
     probe = textwrap.dedent(f"""
         import contextlib, io, json, sys
         from kata_sizing.cli import main
-        from kata_sizing import model
+        from kata_sizing.core import model
         with contextlib.redirect_stdout(io.StringIO()):
             code = main(["render", {str(ROOT / "examples" / "qemu-runtime-rs.yaml")!r}])
         built = [c.__name__ for c in (model.KataSizingPolicyStatus, model.Condition) if c.__pydantic_complete__]
-        print(json.dumps({{"code": code, "guidance": "kata_sizing.guidance" in sys.modules, "built": built}}))
+        print(json.dumps({{"code": code, "guidance": "kata_sizing.core.guidance" in sys.modules, "built": built}}))
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                             env=_clean_env(), cwd=tmp_path)

@@ -16,7 +16,7 @@ import pydantic
 import pytest
 import yaml
 
-from kata_sizing import crdgen, model, quantity
+from kata_sizing.core import crdgen, model, quantity
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_FILE = ROOT / "crds" / "katasizingpolicies.katasizing.dev.yaml"
@@ -442,7 +442,7 @@ def test_missing_spec_is_rejected(validator: jsonschema.Draft4Validator) -> None
 
 def run_crdgen(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kata_sizing.crdgen", *args],
+        [sys.executable, "-m", "kata_sizing.core.crdgen", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

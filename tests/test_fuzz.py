@@ -24,15 +24,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kata_sizing import defaults
-from kata_sizing.audit import audit_values
+from kata_sizing.core import defaults
+from kata_sizing.core.audit import audit_values
 from kata_sizing.cli import main
-from kata_sizing.defaults import Runtime
-from kata_sizing.model import parse_policy
-from kata_sizing.quantity import MIB, cpu_cores, memory_bytes
-from kata_sizing.render import render_policy
-from kata_sizing.rules import KataConfig, Severity, read_drop_in
-from kata_sizing.sizing import size_policy
+from kata_sizing.core.defaults import Runtime
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes
+from kata_sizing.core.render import render_policy
+from kata_sizing.core.rules import KataConfig, Severity, read_drop_in
+from kata_sizing.core.sizing import size_policy
 from tests.test_properties import valid_policies
 
 FUZZ_EXAMPLES = int(os.environ.get("KATA_SIZING_FUZZ_EXAMPLES", "60"))

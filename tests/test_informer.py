@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kata_sizing.informer import PAGE_SIZE, Informer, slim_child
+from kata_sizing.controller.informer import PAGE_SIZE, Informer, slim_child
 
 
 def _obj(i: int, rv: str = "1") -> dict:

@@ -15,10 +15,10 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kata_sizing import handlers, metrics
+from kata_sizing.controller import handlers, metrics
 from kata_sizing.cli import build_parser
-from kata_sizing.kube import ApiException, _translate
-from kata_sizing.operator_main import MetricsOptions, configure_logging, install_metrics
+from kata_sizing.controller.kube import ApiException, _translate
+from kata_sizing.controller.operator_main import MetricsOptions, configure_logging, install_metrics
 from tests.operator_helpers import (
     RUNTIME_CLASSES, edit, example, settle, status, wait_for, wait_observed,
 )

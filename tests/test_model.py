@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from kata_sizing import defaults
-from kata_sizing.defaults import Runtime
-from kata_sizing.model import PolicyError, parse_policy
+from kata_sizing.core import defaults
+from kata_sizing.core.defaults import Runtime
+from kata_sizing.core.model import PolicyError, parse_policy
 
 
 def _doc(spec: dict, name: str = "p", **metadata) -> dict:

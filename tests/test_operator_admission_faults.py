@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from kata_sizing import conditions as cond
+from kata_sizing.controller import conditions as cond
 from tests.conftest import _operator_cluster
 from tests.harness.emulator import default_resources
 from tests.operator_helpers import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing import handlers
+from kata_sizing.controller import handlers
 from tests.operator_helpers import (
     condition,
     event_messages,
@@ -213,7 +213,7 @@ def test_samples_that_cannot_be_fitted_make_the_policy_invalid(cluster):
 
 def _passes() -> float:
     """Reconcile passes this process has run (the operator runs in this process's thread)."""
-    from kata_sizing import metrics
+    from kata_sizing.controller import metrics
 
     return sum(s.value for m in metrics.REGISTRY.collect() if m.name == "kata_sizing_reconciles"
                for s in m.samples if s.name.endswith("_total"))

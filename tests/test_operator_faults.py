@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from kata_sizing import conditions as cond
-from kata_sizing import kube
+from kata_sizing.controller import conditions as cond
+from kata_sizing.controller import kube
 from tests.operator_helpers import (
     CONFIG_MAPS, OUTPUT_NAMESPACE, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example,
     get_cm, pod_fixed, runtime_classes, settle, stays, wait_for, wait_observed,
@@ -175,7 +175,7 @@ def test_a_dropped_connection_while_correcting_is_retried(cluster, monkeypatch):
 
 
 def test_a_failed_guidance_pass_is_retried_without_waiting_for_the_next_change(cluster, monkeypatch):
-    from kata_sizing import handlers
+    from kata_sizing.controller import handlers
 
     monkeypatch.setattr(handlers, "GUIDANCE_INTERVAL_S", 0.3)
     emu = cluster.emu

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from kata_sizing import conditions as cond
-from kata_sizing.render import POLICY_LABEL
+from kata_sizing.controller import conditions as cond
+from kata_sizing.core.render import POLICY_LABEL
 from tests.kata_deploy_chart import FACTS, chart_runtime_classes, instance_marker
 from tests.operator_helpers import (
     CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, RC_PATH, RUNTIME_CLASSES, counter, describe_writes, edit,

@@ -15,9 +15,9 @@ from pathlib import Path
 import kopf
 import pytest
 
-from kata_sizing import conditions as cond
-from kata_sizing import handlers
-from kata_sizing.leader import LeaseOptions
+from kata_sizing.controller import conditions as cond
+from kata_sizing.controller import handlers
+from kata_sizing.controller.leader import LeaseOptions
 from tests.harness import KopfThread
 from tests.operator_helpers import (
     LEASE_PATH, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example, pod_fixed, runtime_classes,
@@ -170,8 +170,8 @@ def test_the_waiting_replica_serves_the_webhook_and_keeps_serving_through_a_hand
     posted to the other replica during the handover is answered, before and after it leads."""
     import threading
 
-    from kata_sizing.admission import admission_problems
-    from kata_sizing.operator_main import WebhookOptions, configure_webhook
+    from kata_sizing.controller.policy_webhook import admission_problems
+    from kata_sizing.controller.operator_main import WebhookOptions, configure_webhook
     from tests.test_webhook import Webhook, free_port, invalid_body, write_self_signed_cert
 
     emu = cluster.emu

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from kata_sizing import conditions as cond
-from kata_sizing.model import parse_policy
-from kata_sizing.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
+from kata_sizing.controller import conditions as cond
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from tests.operator_helpers import (
     handler_runs,
     CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RC_PATH, RUNTIME_CLASSES, STATUS_PATH,

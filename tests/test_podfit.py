@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing import podfit
-from kata_sizing.model import PolicyError, parse_policy
-from kata_sizing.render import render_policy
-from kata_sizing.sizing import size_policy
+from kata_sizing.core import podfit
+from kata_sizing.core.model import PolicyError, parse_policy
+from kata_sizing.core.render import render_policy
+from kata_sizing.core.sizing import size_policy
 
 GI = 1024**3
 MI = 1024**2

@@ -17,14 +17,14 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kata_sizing import defaults
+from kata_sizing.core import defaults
 from kata_sizing.cli import main
-from kata_sizing.defaults import Runtime
-from kata_sizing.model import PolicyError, parse_policy
-from kata_sizing.quantity import MIB, memory_bytes
-from kata_sizing.render import render_policy
-from kata_sizing.rules import Rule
-from kata_sizing.sizing import explain_pod, size_policy
+from kata_sizing.core.defaults import Runtime
+from kata_sizing.core.model import PolicyError, parse_policy
+from kata_sizing.core.quantity import MIB, memory_bytes
+from kata_sizing.core.render import render_policy
+from kata_sizing.core.rules import Rule
+from kata_sizing.core.sizing import explain_pod, size_policy
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from kata_sizing.quantity import (
+from kata_sizing.core.quantity import (
     MIB,
     QuantityError,
     cpu_cores,

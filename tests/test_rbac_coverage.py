@@ -16,7 +16,7 @@ from tests.operator_helpers import (
     CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RUNTIME_CLASSES, edit, example, explicit_classes_policy,
     get_rc, pod_fixed, settle, update_spec, wait_for, wait_observed,
 )
-from kata_sizing.leader import LeaseOptions
+from kata_sizing.controller.leader import LeaseOptions
 from tests.test_manifests import (
     APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, granted_permissions,
 )

@@ -6,8 +6,8 @@ from pathlib import Path
 import yaml
 
 from kata_sizing.cli import build_parser
-from kata_sizing.model import parse_policy
-from kata_sizing.sizing import size_policy
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.sizing import size_policy
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

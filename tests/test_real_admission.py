@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing import podfit
-from kata_sizing.model import parse_policy
-from kata_sizing.sizing import size_policy
+from kata_sizing.core import podfit
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.sizing import size_policy
 from tests.realcluster import ControlPlane, poll
 from tests.test_podfit import CASES, IN, OUT, POLICY, ROUTED, Case, limits
 

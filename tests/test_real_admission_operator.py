@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing.reconcile import spec_differences
+from kata_sizing.controller.reconcile import spec_differences
 from tests.realcluster import POLICIES, ApiError, ControlPlane, free_port, poll
 from tests.test_real_operator import create_ready, qemu_rs, quiet, render, status, wait_observed
 

@@ -12,12 +12,12 @@ import uuid
 import jsonpatch
 import pytest
 
-from kata_sizing import conditions as cond
-from kata_sizing import reconcile as rc
-from kata_sizing.kube import Conflict, Invalid, KubeApi, NotFound
-from kata_sizing.model import parse_policy
-from kata_sizing.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
-from kata_sizing.sizing import size_policy
+from kata_sizing.controller import conditions as cond
+from kata_sizing.controller import reconcile as rc
+from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
+from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import example
 
 NAME = "qemu-rs"

@@ -12,11 +12,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kata_sizing import defaults
-from kata_sizing.guidance import NodeFacts
-from kata_sizing.model import PolicyError, parse_policy
-from kata_sizing.quantity import MIB
-from kata_sizing.render import _yaml_block, render_policy
+from kata_sizing.core import defaults
+from kata_sizing.core.guidance import NodeFacts
+from kata_sizing.core.model import PolicyError, parse_policy
+from kata_sizing.core.quantity import MIB
+from kata_sizing.core.render import _yaml_block, render_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -46,7 +46,7 @@ def _example(path: Path):
 
 
 def _node(capacity: str = "256Gi", cpu: str | None = "64", **extra) -> NodeFacts:
-    from kata_sizing.quantity import cpu_cores, memory_bytes
+    from kata_sizing.core.quantity import cpu_cores, memory_bytes
 
     return NodeFacts(
         name="node-a", capacity_memory_bytes=memory_bytes(capacity),
@@ -459,7 +459,7 @@ def test_characters_beyond_the_bmp_survive_the_json_fallback(text):
 
 def test_template_values_beyond_the_bmp_survive_tojson():
     # Selectors are label values now (an emoji is refused there), so the filter itself is checked.
-    from kata_sizing.render import _json_for_yaml
+    from kata_sizing.core.render import _json_for_yaml
 
     value = {"example.com/zone": "\U0001f600 \\ud83d"}
     assert yaml.safe_load(_json_for_yaml(value)) == value

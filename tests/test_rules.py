@@ -9,15 +9,15 @@ from decimal import Decimal
 import pytest
 import yaml
 
-from kata_sizing import defaults
-from kata_sizing.admission import admission_problems
-from kata_sizing.audit import audit_values
+from kata_sizing.core import defaults
+from kata_sizing.controller.policy_webhook import admission_problems
+from kata_sizing.core.audit import audit_values
 from kata_sizing.cli import main
-from kata_sizing.defaults import Runtime
-from kata_sizing.model import parse_policy
-from kata_sizing.render import VALUES_KEY, render_policy
-from kata_sizing.rules import KataConfig, Rule, Severity, read_drop_in
-from kata_sizing.sizing import size_policy
+from kata_sizing.core.defaults import Runtime
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.render import VALUES_KEY, render_policy
+from kata_sizing.core.rules import KataConfig, Rule, Severity, read_drop_in
+from kata_sizing.core.sizing import size_policy
 
 
 def policy(**spec) -> dict:

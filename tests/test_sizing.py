@@ -8,11 +8,11 @@ from fractions import Fraction
 
 import pytest
 
-from kata_sizing.calibrate import guest_budget_mib
-from kata_sizing.defaults import Runtime
-from kata_sizing.model import parse_policy
-from kata_sizing.quantity import MIB, cpu_cores, memory_bytes
-from kata_sizing.sizing import (
+from kata_sizing.core.calibrate import guest_budget_mib
+from kata_sizing.core.defaults import Runtime
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes
+from kata_sizing.core.sizing import (
     SandboxRefused,
     Severity,
     explain_pod,

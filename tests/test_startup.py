@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from kata_sizing import cli, render, templategen
-from kata_sizing.model import parse_policy
+from kata_sizing import cli
+from kata_sizing.core import render, templategen
+from kata_sizing.core.model import parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "qemu-runtime-rs.yaml"
@@ -45,7 +46,7 @@ def _console_script_probe(argv: list[str], env: dict[str, str] | None = None) ->
             code = main()
         print(json.dumps({{
             "code": code, "output": out.getvalue(), "compiled": compiled, "gc": gc.isenabled(),
-            "loaded": sorted(m for m in ("importlib.metadata", "email", "zipfile", "kata_sizing.guidance",
+            "loaded": sorted(m for m in ("importlib.metadata", "email", "zipfile", "kata_sizing.core.guidance",
                                          "kopf", "kubernetes") if m in sys.modules),
         }}))
     """)
@@ -97,7 +98,7 @@ def test_shipped_code_renders_what_jinja2_renders_from_the_files(tmp_path, monke
 
 
 def test_compiled_templates_are_current():
-    result = subprocess.run([sys.executable, "-m", "kata_sizing.templategen", "--check"],
+    result = subprocess.run([sys.executable, "-m", "kata_sizing.core.templategen", "--check"],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, f"compiled_templates/ is stale: run `make templates`\n{result.stderr}"
 
@@ -112,7 +113,7 @@ def test_templategen_check_names_a_stale_module(tmp_path, monkeypatch):
 
 
 def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch):
-    import kata_sizing.operator_main as operator_main
+    import kata_sizing.controller.operator_main as operator_main
 
     monkeypatch.setattr(operator_main, "run_operator", lambda **kwargs: 0)
     args = cli.build_parser().parse_args(["operator", "--standalone"])

@@ -29,11 +29,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kata_sizing import cli, operator_main
-from kata_sizing.admission import VALIDATE_HANDLER_ID, admission_problems, needs_review
-from kata_sizing.handlers import build_registry
-from kata_sizing.model import GROUP, PLURAL, VERSION
-from kata_sizing.operator_main import WebhookOptions, configure_webhook
+from kata_sizing import cli
+from kata_sizing.controller import operator_main
+from kata_sizing.controller.policy_webhook import VALIDATE_HANDLER_ID, admission_problems, needs_review
+from kata_sizing.controller.handlers import build_registry
+from kata_sizing.core.model import GROUP, PLURAL, VERSION
+from kata_sizing.controller.operator_main import WebhookOptions, configure_webhook
 from tests.harness import KopfThread, KubernetesApiEmulator, running_emulator
 from tests.operator_helpers import POLICIES, example, wait_observed
 from tests.test_manifests import (

@@ -13,11 +13,11 @@ import uuid
 import pytest
 import yaml
 
-from kata_sizing.admission import ROUTE_POD_PATH_ID, pod_to_route, review_response
-from kata_sizing.handlers import routes_through_webhook
-from kata_sizing.podfit import route_patch
-from kata_sizing.model import parse_policy
-from kata_sizing.sizing import size_policy
+from kata_sizing.controller.policy_webhook import ROUTE_POD_PATH_ID, pod_to_route, review_response
+from kata_sizing.controller.handlers import routes_through_webhook
+from kata_sizing.core.podfit import route_patch
+from kata_sizing.core.model import parse_policy
+from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import POLICIES, explicit_classes_policy, wait_observed
 from tests.test_webhook import Webhook, webhook  # noqa: F401 - the fixture
 

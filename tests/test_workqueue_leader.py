@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from kata_sizing import reconcile as rc
-from kata_sizing.kube import Conflict, TransientApiError
-from kata_sizing.leader import LeaderElector, LeaseOptions
-from kata_sizing.workqueue import Retry, WorkQueue
+from kata_sizing.controller import reconcile as rc
+from kata_sizing.controller.kube import Conflict, TransientApiError
+from kata_sizing.controller.leader import LeaderElector, LeaseOptions
+from kata_sizing.controller.workqueue import Retry, WorkQueue
 
 
 def run(coro):

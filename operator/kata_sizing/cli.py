@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import yaml
 
-from . import __version__, bounded
-from .bounded import InputError
-from .model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy
-from .quantity import QuantityError, cpu_cores, memory_bytes
+from . import __version__
+from .core import bounded
+from .core.bounded import InputError
+from .core.model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy
+from .core.quantity import QuantityError, cpu_cores, memory_bytes
 
 if TYPE_CHECKING:
-    from .operator_main import WebhookOptions
+    from .controller.operator_main import WebhookOptions
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -111,13 +112,13 @@ def _print_problems(lines: Sequence[str], prefix: str = "error") -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from .render import render_policy
+    from .core.render import render_policy
 
     _flag("--node-name", args.node_name)
     policies = load_policies(args.policy)
     nodes = None
     if args.node_capacity:
-        from .guidance import NodeFacts
+        from .core.guidance import NodeFacts
 
         nodes = [NodeFacts(
             name=args.node_name,
@@ -179,7 +180,7 @@ def _print_values_overlay(overlays: list[tuple[str, str]], output: str) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .sizing import size_policy
+    from .core.sizing import size_policy
 
     if args.output == "json":
         return _validate_json(args, size_policy)
@@ -203,7 +204,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _validate_json(args: argparse.Namespace, size_policy) -> int:
     """Every problem with its severity, rule id, path, message and fix (docs/rules.md)."""
-    from .rules import Problem, Rule, Severity
+    from .core.rules import Problem, Rule, Severity
 
     try:
         policies = load_policies(args.policy)
@@ -266,7 +267,7 @@ def _chosen_policy(args: argparse.Namespace, path: str) -> KataSizingPolicy:
 
 
 def _namespace_labels(args: argparse.Namespace) -> dict[str, str] | None:
-    from .model import label_key_problem, label_value_problem
+    from .core.model import label_key_problem, label_value_problem
 
     if not args.namespace_label:
         return None
@@ -282,7 +283,7 @@ def _namespace_labels(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .sizing import SandboxRefused, explain_pod, size_policy
+    from .core.sizing import SandboxRefused, explain_pod, size_policy
 
     _flag("--class", args.class_name)
     _flag("--policy-name", args.policy_name)
@@ -324,8 +325,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _explain_pods(args: argparse.Namespace) -> int:
     """explain --pod: the class each pod lands in, its VM, what Kubernetes accounts and what the
     admission policies say (podfit, the rule the API server runs as CEL)."""
-    from . import podfit
-    from .sizing import SandboxRefused, explain_pod, size_policy
+    from .core import podfit
+    from .core.sizing import SandboxRefused, explain_pod, size_policy
 
     if args.class_name or args.cpu or args.memory:
         raise InputError("--pod takes the class and limits from the pod; drop --class/--cpu/--memory")
@@ -422,7 +423,7 @@ def _print_pod_explanation(report: dict) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import CalibrationError, fit_overhead, parse_samples_csv
+    from .core.calibrate import CalibrationError, fit_overhead, parse_samples_csv
 
     margin_problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
     if margin_problem:
@@ -440,7 +441,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "maxGuestDaemonsMiB": format(Decimal(fit.max_guest_daemons_mib).normalize(), "f"),
     }
     if args.policy:
-        from .sizing import size_policy
+        from .core.sizing import size_policy
 
         policy = load_policies(args.policy)[0]
         spec = policy.spec.model_dump(by_alias=True, exclude_none=True)
@@ -469,7 +470,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .audit import AuditError, audit_values, format_text, runtime_classes_from_documents
+    from .core.audit import AuditError, audit_values, format_text, runtime_classes_from_documents
 
     if args.pods:
         return _audit_pods(args)
@@ -500,7 +501,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _audit_pods(args: argparse.Namespace) -> int:
     """audit --pods: stored pods against their class (podfit, the admission policies' rule)."""
-    from .audit import AuditError, audit_pods, format_pods_text, namespace_labels_from_documents, pods_from_documents
+    from .core.audit import AuditError, audit_pods, format_pods_text, namespace_labels_from_documents, pods_from_documents
 
     if args.values is not None or args.runtime_classes:
         raise InputError("--pods audits pods against policies; give VALUES.yaml/RUNTIMECLASSES.yaml in a separate run")
@@ -525,7 +526,7 @@ def _audit_pods(args: argparse.Namespace) -> int:
 
 def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
     """The webhook flags, or None when --webhook-port is not given."""
-    from .operator_main import WebhookOptions
+    from .controller.operator_main import WebhookOptions
 
     if args.webhook_port is None:
         given = [flag for flag, value in (
@@ -552,7 +553,7 @@ def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
 def cmd_operator(args: argparse.Namespace) -> int:
     import gc
 
-    from .operator_main import MetricsOptions, run_operator  # kopf and kubernetes load only here
+    from .controller.operator_main import MetricsOptions, run_operator  # kopf and kubernetes load only here
 
     gc.enable()  # the console script starts with it off (__main__); a long-lived process needs it
 
@@ -568,7 +569,7 @@ def _lease_options(args: argparse.Namespace):
     """The leader-election flags, or None without --leader-elect."""
     if not args.leader_elect:
         return None
-    from .leader import LeaseOptions, default_identity
+    from .controller.leader import LeaseOptions, default_identity
 
     try:
         return LeaseOptions(

@@ -1,7 +1,7 @@
 """Generate jinja2's compiled code of templates/ into operator/kata_sizing/compiled_templates/.
 
-    python -m kata_sizing.templategen            # rewrite compiled_templates/ (`make templates`)
-    python -m kata_sizing.templategen --check    # exit 1 if it is stale (`make check-templates`)
+    python -m kata_sizing.core.templategen            # rewrite compiled_templates/ (`make templates`)
+    python -m kata_sizing.core.templategen --check    # exit 1 if it is stale (`make check-templates`)
 
 Compiling the templates (jinja2's lexer, parser and code generator, in Python) was about a
 twentieth of a cold `kata-sizing render`. The package ships jinja2's output for each
@@ -82,7 +82,7 @@ def check(files: dict[str, str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kata_sizing.templategen",
+    parser = argparse.ArgumentParser(prog="python -m kata_sizing.core.templategen",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if compiled_templates/ is stale")
     args = parser.parse_args(argv)

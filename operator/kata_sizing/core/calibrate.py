@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 
-from kata_sizing.quantity import MIB
+from kata_sizing.core.quantity import MIB
 
 __all__ = [
     "MAX_RATIO",

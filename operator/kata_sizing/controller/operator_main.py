@@ -12,7 +12,8 @@ import kopf
 # kopf raises these for reviews it cannot route; they are not exported at its top level.
 from kopf._core.engines.admission import WebhookError
 
-from . import admission, bounded
+from . import policy_webhook
+from ..core import bounded
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class BoundedWebhookServer(kopf.WebhookServer):
     a traceback in the log), and a well-formed review always gets an AdmissionReview back.
 
     `routes` maps a path id to a review handler of the operator's own, served before kopf's
-    handlers: the routing of opted-in pods (admission.ROUTE_POD_PATH_ID), which is no kopf
+    handlers: the routing of opted-in pods (policy_webhook.ROUTE_POD_PATH_ID), which is no kopf
     handler because kopf would then resolve and follow Pods as a resource of its own."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -47,7 +48,7 @@ class BoundedWebhookServer(kopf.WebhookServer):
             review = bounded.load_json(text, "the request body")
         except bounded.InputError as exc:
             raise aiohttp.web.HTTPBadRequest(text=str(exc)) from None
-        problem = admission.review_problem(review)
+        problem = policy_webhook.review_problem(review)
         if problem:
             raise aiohttp.web.HTTPBadRequest(text=f"not an AdmissionReview request: {problem}")
         headers = dict(request.headers)
@@ -59,10 +60,10 @@ class BoundedWebhookServer(kopf.WebhookServer):
             answer = await fn(review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers)
         except WebhookError as exc:
             # A review of a resource this operator has no rule for: nothing to refuse.
-            answer = admission.review_response(review, allowed=True, warnings=[f"kata-sizing: {exc}"])
+            answer = policy_webhook.review_response(review, allowed=True, warnings=[f"kata-sizing: {exc}"])
         except Exception:  # noqa: BLE001 - the API server must get an answer, not a 500
             log.exception("admission review %s failed", review["request"]["uid"])
-            answer = admission.review_response(
+            answer = policy_webhook.review_response(
                 review, allowed=False, code=500,
                 message="kata-sizing could not review this object (internal error; see the operator log)")
         return aiohttp.web.json_response(answer)

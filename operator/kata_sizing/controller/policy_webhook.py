@@ -8,8 +8,8 @@ import base64
 import json
 from collections.abc import Mapping
 
-from .model import PolicyError, parse_policy
-from .sizing import size_policy
+from ..core.model import PolicyError, parse_policy
+from ..core.sizing import size_policy
 
 # kopf serves each admission handler at /<handler id>; manifests/webhook/ points the
 # ValidatingWebhookConfiguration at this path.

@@ -15,18 +15,18 @@ import os
 import aiohttp
 import kopf
 
-from . import admission as adm
-from . import defaults
+from . import policy_webhook as adm
+from ..core import defaults
 from . import metrics
 from . import reconcile as rc
 from .cluster import facts_for_nodes, summarize_node, summarize_pod
-from .audit import audit_runtime_classes
+from ..core.audit import audit_runtime_classes
 from .informer import ChildCache, Informer, backoff_s
 from .kube import ApiError, KubeApi, TransientApiError
 from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
-from .model import GROUP, PLURAL, VERSION, PolicyError, parse_policy
-from .podfit import POLICY_LABEL, PodInputError, check_limits, route_patch
-from .sizing import size_policy
+from ..core.model import GROUP, PLURAL, VERSION, PolicyError, parse_policy
+from ..core.podfit import POLICY_LABEL, PodInputError, check_limits, route_patch
+from ..core.sizing import size_policy
 from .workqueue import Retry, WorkQueue
 
 log = logging.getLogger("kata_sizing")

@@ -15,11 +15,11 @@ from typing import Awaitable, Callable, Literal, Protocol
 from . import conditions as cond
 from . import metrics
 from .kube import ADMISSION_PLURALS, Conflict, Invalid, NotFound
-from .model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
-from .quantity import QuantityError, format_cpu, format_mib, format_vcpus, parse_quantity
-from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, configmap_names, render_policy
-from .guidance import NodeFacts
-from .sizing import PolicySizing, Severity, size_policy
+from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
+from ..core.quantity import QuantityError, format_cpu, format_mib, format_vcpus, parse_quantity
+from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, Rendered, configmap_names, render_policy
+from ..core.guidance import NodeFacts
+from ..core.sizing import PolicySizing, Severity, size_policy
 
 Trigger = Literal["apply", "resync"]
 ObjKey = tuple[str, str | None, str]  # (kind, namespace, name)

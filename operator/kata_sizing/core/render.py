@@ -42,7 +42,7 @@ SUMMARY_KEY = "summary.txt"
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-REPOSITORY_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+REPOSITORY_TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
 
 
 def templates_dir() -> Path:

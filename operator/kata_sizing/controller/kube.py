@@ -20,7 +20,7 @@ from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
 from . import metrics
-from .model import GROUP, PLURAL, VERSION
+from ..core.model import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

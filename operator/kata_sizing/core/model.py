@@ -1,6 +1,6 @@
 """The KataSizingPolicy custom resource as pydantic v2 models.
 
-These models are the single source of the CRD schema (`python -m kata_sizing.crdgen`).
+These models are the single source of the CRD schema (`python -m kata_sizing.core.crdgen`).
 Quantities stay as the strings the user wrote (so a policy round-trips) and are checked
 here; `sizing` parses them exactly with `quantity`.
 """

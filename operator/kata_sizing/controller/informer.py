@@ -20,7 +20,7 @@ import random
 from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
 from .kube import ApiError
-from .render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
+from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 
 log = logging.getLogger("kata_sizing.informer")
 

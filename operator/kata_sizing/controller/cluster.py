@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Iterable, Mapping
 
-from .guidance import NodeFacts
-from .podfit import POLICY_LABEL, PodInputError, PodLimits, pod_limits
-from .quantity import QuantityError, cpu_cores, memory_bytes
+from ..core.guidance import NodeFacts
+from ..core.podfit import POLICY_LABEL, PodInputError, PodLimits, pod_limits
+from ..core.quantity import QuantityError, cpu_cores, memory_bytes
 
 
 @dataclass(frozen=True)
