@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -112,8 +113,11 @@ class ControlPlane:
 
     def start(self, timeout: float = 180) -> None:
         log = self.log_path.open("wb")
+        # Stopped by the kernel if the test session dies without tearing down (a killed pytest
+        # left the whole control plane running, holding its ports).
+        orphan_guard = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
         self.process = subprocess.Popen(
-            [str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
+            [*orphan_guard, str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
              "--apiserver-port", str(self.api_port), "--address", self.address, "--sa-user", OPERATOR_USER,
              "--", *self.apiserver_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -27,18 +27,22 @@ Fixtures (wired in tests/conftest.py):
               "systemReserved": {"memory": "1Gi"}, "kubeReserved": {"memory": "512Mi"},
               "evictionHard": {"memory.available": "256Mi"}})
 
-  Top-level keys of `kubelet_config` replace the defaults of `Node.kubelet_configuration()`;
+  Top-level keys of `kubelet_config` replace the defaults of `kubelet_configuration()`;
   `evictionHard` defaults to only `memory.available: 100Mi` (the kubelet's own default), so
   the disk of a CI machine never evicts a test pod.
 - `control_plane_address` (session): what `control_plane` binds to; the node's address when
   the session has node tests and this machine can run the node, else 127.0.0.1.
 
-A `Node` gives: `name`, `ip`, `cp` (the `ControlPlane`), `pod(...)` (a pod of the tools
-image that tolerates the node's taint, as a dict), `run_pod(body)` (create and wait until
-Running), `namespace(name)` (created, with its ServiceAccount and `kube-root-ca.crt`),
-`pod_cgroup(pod, controller)` (the pod's cgroup directory on the host), `stats_summary()`
-(the kubelet's Summary API through the API server's node proxy), `allocatable()`, `events()`,
-`kubectl(...)`, `start_seconds`.
+A `Node` gives: `name`, `ip`, `cp` (the `ControlPlane`), `pod(name, namespace=, runtime_class=,
+limits=, requests=, command=, **spec)` (a pod of the tools image that tolerates the node's
+taint, as a dict), `run_pod(body)` (create, wait until Running, return it), `wait_pod(body,
+predicate, what)`, `namespace(name)` (created, with its ServiceAccount and `kube-root-ca.crt`)
+and `delete_namespace(name)`, `events(pod)`, `pod_cgroup(pod, controller)` (the pod's cgroup
+directory on the host), `hold_memory_in_pod(pod, mib)` (a host process holding `mib` MiB inside
+the pod's cgroup, standing in for a Kata sandbox's shim and VMM), `stats_summary()` (the
+kubelet's Summary API through the API server's node proxy), `allocatable()`, `kubectl(...)`,
+`ctr(...)` (containerd's CLI on the node's socket), `start_seconds`, and `logdir` (each
+component's log).
 
 The node registers with the taint `NODE_TAINT` (pods need `NODE_TOLERATION`; `pod()` adds it,
 and a policy's `runtimeClass.tolerations` can carry it), so pods other tests leave in the
@@ -49,8 +53,9 @@ class and guidance selector).
 Where the machine cannot run a node (not root, a package or image missing, no cgroup memory
 controller...), the node tests skip with one line saying why; with KATA_SIZING_REQUIRE_NODE=1
 (set by .ci/run) that skip is a failure. One node runs per machine: its state lives in
-`/run/kata-sizing-node` under an exclusive lock, and a session that finds leftovers of a
-killed one removes them before starting.
+`/run/kata-sizing-node` under an exclusive lock (another session waits for it), its processes
+die with the session (parent-death signal), and a session that finds what a killed one left
+(its pods' processes, mounts, network namespaces, iptables chains) removes it before starting.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ import subprocess
 import tarfile
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +98,7 @@ POD_CIDR = "10.244.0.0/24"
 BRIDGE = "kata-sizing0"
 CNI_NETWORK = "kata-sizing-node"
 STATE = Path("/run/kata-sizing-node")
+CONTAINERD_SOCKET = STATE / "containerd" / "containerd.sock"
 LOCK_DIR = Path("/run/lock")
 NODE_LOCK = LOCK_DIR / "kata-sizing-node.lock"
 ADDRESS_LOCK = LOCK_DIR / "kata-sizing-node-address.lock"
@@ -210,45 +216,31 @@ def node_address() -> Iterator[str]:
         run("ip", "addr", "del", f"{NODE_IP}/32", "dev", "lo", check=False)
 
 
-# --- the node --------------------------------------------------------------------------------
+# --- the node's configuration files (pure: tests/test_node_configuration.py checks them) ------
 
-class Node:
-    """The node's processes, their configuration files, and what tests ask of the node."""
-
-    def __init__(self, cp: ControlPlane, config: NodeConfig, logdir: Path) -> None:
-        assert cp.address == NODE_IP, f"the control plane serves on {cp.address}, not the node's address"
-        self.cp, self.config, self.logdir = cp, config, logdir
-        self.name, self.ip = NODE_NAME, NODE_IP
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.containerd_socket = STATE / "containerd" / "containerd.sock"
-        self.kubelet_port = free_port(NODE_IP)
-        self.pause_image = image_name(IMAGES / "pause.tar")
-        self.tools_image = image_name(IMAGES / "tools.tar")
-        self.start_seconds = 0.0
-
-    # --- configuration files ----------------------------------------------------------
-
-    def containerd_configuration(self) -> str:
-        state = STATE / "containerd"
-        runtimes = "".join(f'''
+def containerd_configuration(pause_image: str, runtime_handlers: Iterable[str]) -> str:
+    """containerd 1.6's configuration: its own root, state and socket under STATE, the CRI
+    plugin with runc behind the default runtime and behind every handler given."""
+    state = STATE / "containerd"
+    runtimes = "".join(f'''
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{json.dumps(handler)}]
   runtime_type = "io.containerd.runc.v2"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{json.dumps(handler)}.options]
   SystemdCgroup = false
   Root = "{STATE / 'runc'}"
-''' for handler in ("runc", *self.config.runtime_handlers))
-        return f'''version = 2
+''' for handler in dict.fromkeys(("runc", *runtime_handlers)))
+    return f'''version = 2
 root = "{state / 'root'}"
 state = "{state / 'state'}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper",
                     "io.containerd.tracing.processor.v1.otlp"]
 [grpc]
-  address = "{self.containerd_socket}"
+  address = "{CONTAINERD_SOCKET}"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{state / 'opt'}"
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{self.pause_image}"
+  sandbox_image = "{pause_image}"
   # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails to start ("can't get
   # final child's PID from pipe") when the kubelet asks for a negative oom_score_adj.
   restrict_oom_score_adj = true
@@ -261,48 +253,80 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   max_conf_num = 1
 {runtimes}'''
 
-    def cni_configuration(self) -> dict:
-        return {"cniVersion": "1.0.0", "name": CNI_NETWORK, "plugins": [{
-            "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True, "hairpinMode": True,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
-                     "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(STATE / "cni" / "ipam")},
-        }]}
 
-    def kubelet_configuration(self) -> dict:
-        defaults = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            # This kernel mounts cgroup v1, which v1.37's kubelet refuses unless told otherwise.
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs",
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "address": NODE_IP, "port": self.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
-            "tlsCertFile": str(self.cp.state / "kubelet.crt"),
-            "tlsPrivateKeyFile": str(self.cp.state / "kubelet.key"),
-            # As a kubeadm node: client certificates from the cluster CA, bearer tokens and
-            # every request checked with the API server (TokenReview, SubjectAccessReview).
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(self.cp.state / "ca.crt")}},
-            "authorization": {"mode": "Webhook"},
-            "clusterDomain": "cluster.local", "clusterDNS": [],
-            "registerWithTaints": [NODE_TAINT],
-            "podLogsDir": str(STATE / "pod-logs"),
-            "enforceNodeAllocatable": ["pods"],
-            "evictionHard": {"memory.available": "100Mi"},
-            # Imported images cannot be pulled again: never collect them.
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "failSwapOn": False, "serializeImagePulls": False,
-        }
-        return {**defaults, **self.config.kubelet_config}
+def cni_configuration() -> dict:
+    """One bridge network for the pods, addresses from POD_CIDR kept under STATE."""
+    return {"cniVersion": "1.0.0", "name": CNI_NETWORK, "plugins": [{
+        "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True, "hairpinMode": True,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                 "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(STATE / "cni" / "ipam")},
+    }]}
 
-    def kube_proxy_configuration(self) -> dict:
-        return {
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(self.cp.state / "proxy.kubeconfig")},
-            "hostnameOverride": NODE_NAME, "mode": "iptables", "clusterCIDR": POD_CIDR,
-            "healthzBindAddress": f"127.0.0.1:{free_port()}", "metricsBindAddress": f"127.0.0.1:{free_port()}",
-            # Leave the machine's conntrack sysctls and kube-proxy's OOM score as they are.
-            "conntrack": {"maxPerCore": 0, "min": 0},
-            "oomScoreAdj": 0,
-        }
+
+def kubelet_configuration(credentials: Path, port: int, fragment: Mapping[str, Any]) -> dict:
+    """The KubeletConfiguration: the defaults below with `fragment`'s top-level keys in their
+    place. `credentials` is the control plane's directory (CA, the kubelet's certificate)."""
+    defaults = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        # This kernel mounts cgroup v1, which v1.37's kubelet refuses unless told otherwise.
+        "failCgroupV1": False, "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
+        "address": NODE_IP, "port": port, "readOnlyPort": 0, "healthzPort": 0,
+        "tlsCertFile": str(credentials / "kubelet.crt"),
+        "tlsPrivateKeyFile": str(credentials / "kubelet.key"),
+        # As a kubeadm node: client certificates from the cluster CA, bearer tokens and
+        # every request checked with the API server (TokenReview, SubjectAccessReview).
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(credentials / "ca.crt")}},
+        "authorization": {"mode": "Webhook"},
+        "clusterDomain": "cluster.local", "clusterDNS": [],
+        "registerWithTaints": [NODE_TAINT],
+        "podLogsDir": str(STATE / "pod-logs"),
+        "enforceNodeAllocatable": ["pods"],
+        # The kubelet's own default for memory; none for disks, so a full CI disk never evicts.
+        "evictionHard": {"memory.available": "100Mi"},
+        # Imported images cannot be pulled again: never collect them.
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "failSwapOn": False, "serializeImagePulls": False,
+    }
+    return {**defaults, **fragment}
+
+
+def kube_proxy_configuration(credentials: Path, healthz_port: int, metrics_port: int) -> dict:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(credentials / "proxy.kubeconfig")},
+        "hostnameOverride": NODE_NAME, "mode": "iptables", "clusterCIDR": POD_CIDR,
+        "healthzBindAddress": f"127.0.0.1:{healthz_port}", "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+        # Leave the machine's conntrack sysctls and kube-proxy's OOM score as they are.
+        "conntrack": {"maxPerCore": 0, "min": 0},
+        "oomScoreAdj": 0,
+    }
+
+
+def kube_scheduler_configuration(credentials: Path) -> dict:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(credentials / "scheduler.kubeconfig")},
+        "leaderElection": {"leaderElect": False},
+    }
+
+
+# --- the node --------------------------------------------------------------------------------
+
+class Node:
+    """The node's processes, their configuration files, and what tests ask of the node."""
+
+    def __init__(self, cp: ControlPlane, config: NodeConfig, logdir: Path) -> None:
+        assert cp.address == NODE_IP, f"the control plane serves on {cp.address}, not the node's address"
+        self.cp, self.config, self.logdir = cp, config, logdir
+        self.name, self.ip = NODE_NAME, NODE_IP
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.containerd_socket = CONTAINERD_SOCKET
+        self.kubelet_port = free_port(NODE_IP)
+        self.pause_image = image_name(IMAGES / "pause.tar")
+        self.tools_image = image_name(IMAGES / "tools.tar")
+        self.start_seconds = 0.0
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -311,10 +335,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         clean_host()
         for directory in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "runc"):
             (STATE / directory).mkdir(parents=True, exist_ok=True)
-        (STATE / "containerd" / "config.toml").write_text(self.containerd_configuration())
-        (STATE / "cni" / "net.d" / "10-kata-sizing.conflist").write_text(json.dumps(self.cni_configuration()))
-        (STATE / "kubelet.yaml").write_text(yaml.safe_dump(self.kubelet_configuration()))
-        (STATE / "kube-proxy.yaml").write_text(yaml.safe_dump(self.kube_proxy_configuration()))
+        (STATE / "containerd" / "config.toml").write_text(
+            containerd_configuration(self.pause_image, self.config.runtime_handlers))
+        (STATE / "cni" / "net.d" / "10-kata-sizing.conflist").write_text(json.dumps(cni_configuration()))
+        (STATE / "kubelet.yaml").write_text(yaml.safe_dump(
+            kubelet_configuration(self.cp.state, self.kubelet_port, self.config.kubelet_config)))
+        (STATE / "kube-proxy.yaml").write_text(yaml.safe_dump(
+            kube_proxy_configuration(self.cp.state, free_port(), free_port())))
+        (STATE / "kube-scheduler.yaml").write_text(yaml.safe_dump(kube_scheduler_configuration(self.cp.state)))
 
         self._spawn("containerd", "containerd", "--config", str(STATE / "containerd" / "config.toml"))
         poll(lambda: self._alive("containerd") and self.ctr("version", check=False).returncode == 0, 60,
@@ -326,8 +354,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     f"--kubeconfig={self.cp.state / 'node.kubeconfig'}", f"--node-ip={NODE_IP}",
                     f"--hostname-override={NODE_NAME}", f"--root-dir={STATE / 'kubelet'}",
                     f"--cert-dir={STATE / 'kubelet' / 'pki'}", f"--node-labels={labels}", "--v=1")
-        self._spawn("kube-scheduler", str(BINARY), "kube-scheduler",
-                    f"--kubeconfig={self.cp.state / 'scheduler.kubeconfig'}", "--leader-elect=false",
+        self._spawn("kube-scheduler", str(BINARY), "kube-scheduler", f"--config={STATE / 'kube-scheduler.yaml'}",
                     "--secure-port=0", "--v=1")
         self._spawn("kube-proxy", str(BINARY), "kube-proxy", f"--config={STATE / 'kube-proxy.yaml'}", "--v=1")
 
@@ -373,8 +400,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
              lambda: f"containerd runs no task: {self.ctr('tasks', 'list', check=False).stdout}")
 
     def _spawn(self, name: str, *args: str) -> None:
+        # Stopped by the kernel if the test session dies without tearing down (the next session
+        # removes what their pods leave); in a session of its own, so a terminal's ^C reaches
+        # pytest first and the teardown drains the node.
+        orphan_guard = ("setpriv", "--pdeathsig", "TERM") if shutil.which("setpriv") else ()
         log = (self.logdir / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+        self.processes[name] = subprocess.Popen((*orphan_guard, *args), stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
 
@@ -505,14 +536,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 def clean_host() -> None:
     """Remove what a node (this one, or one of a session that was killed) left on the host. Every
-    step touches only what the node made: processes in the kubepods cgroups or using its
-    containerd socket, mounts under STATE, network namespaces holding an address of POD_CIDR,
+    step touches only what the node made: processes in the kubepods cgroups or naming a file
+    of STATE, mounts under STATE, network namespaces holding an address of POD_CIDR,
     the iptables chains of kube-proxy, the kubelet and the bridge plugin, the bridge, the
     kubepods cgroups, STATE itself."""
     kill_pod_processes()
-    socket = str(STATE / "containerd" / "containerd.sock")
+    state = f"{STATE}/"
     for pid, cmdline in processes():
-        if socket in cmdline:  # containerd itself and its shims
+        # Every process of the node names a file of STATE: containerd and the kubelet, scheduler
+        # and kube-proxy their configuration, the shims containerd's socket.
+        if state in cmdline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     for mount in reversed(mounts_under(STATE)):
