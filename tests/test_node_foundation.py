@@ -2,7 +2,7 @@
 kube-proxy decide for a pod of a RuntimeClass with `overhead.podFixed`, with runc standing in
 for Kata (containerd maps the class's handler to runc).
 
-- the node is Ready and every component reports v1.37.2, as `kubectl version` shows it;
+- the node is Ready and every component reports v1.37.2, as `kubectl version` and helm see it;
 - a pod of the class runs, and the kubelet sizes its pod cgroup to Σ container limits +
   podFixed (memory limit and CFS quota, read from the host's cgroupfs);
 - a pod whose limits fit the node but whose limits + podFixed do not is refused: Pending
@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.operator_helpers import wait_for as poll
-from tests.realnode import Node
+from tests.realnode import ROOT, Node
 
 pytestmark = pytest.mark.node
 
 MIB = 2**20
+HELM = ROOT / ".tools" / "helm"  # `make tools`
 RUNTIME_CLASSES = "/apis/node.k8s.io/v1/runtimeclasses"
 HANDLER = "kata-node-m"
 POD_FIXED = {"cpu": "250m", "memory": "358Mi"}
@@ -65,7 +69,7 @@ def runtime_class(real_node: Node) -> Iterator[str]:
         real_node.cp.delete(f"{RUNTIME_CLASSES}/{HANDLER}")
 
 
-def test_the_node_is_ready_and_reports_v1_37_2(real_node: Node) -> None:
+def test_the_node_is_ready_and_reports_v1_37_2(real_node: Node, tmp_path: Path) -> None:
     node = real_node.cp.get(f"/api/v1/nodes/{real_node.name}")
     conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert conditions["Ready"] == "True", conditions
@@ -77,6 +81,18 @@ def test_the_node_is_ready_and_reports_v1_37_2(real_node: Node) -> None:
     version = json.loads(real_node.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == "v1.37.2"
     assert (version["serverVersion"]["major"], version["serverVersion"]["minor"]) == ("1", "37")
+
+    # helm checks a chart's kubeVersion against the server's (v0.0.0-master+$Format:%H$ before the
+    # version was stamped); offline it assumes a version of its own, which this range excludes.
+    chart = tmp_path / "probe"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text('apiVersion: v2\nname: probe\nversion: 0.1.0\nkubeVersion: ">=1.37.2-0 <1.37.3-0"\n')
+    (chart / "templates" / "seen.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: seen}\ndata: {kubeVersion: "{{ .Capabilities.KubeVersion.Version }}"}\n')
+    helm = subprocess.run([str(HELM), "template", "probe", str(chart), "--dry-run=server",
+                           f"--kubeconfig={real_node.cp.admin_kubeconfig}"], capture_output=True, text=True, timeout=60)
+    assert helm.returncode == 0, helm.stderr
+    assert yaml.safe_load(helm.stdout)["data"] == {"kubeVersion": "v1.37.2"}
 
 
 def test_a_pod_of_the_class_is_charged_its_limits_plus_pod_fixed(
