@@ -434,4 +434,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         operator = item.funcargs.get("real_operator") if hasattr(item, "funcargs") else None
         if isinstance(operator, RealOperator):
             report.sections.append(("operator", f"log: {operator.log_path}\n{operator.log()[-4000:]}"))
+    node = item.funcargs.get("real_node") if report.failed and hasattr(item, "funcargs") else None
+    if node is not None:  # tests/realnode.py's Node, whose control plane is the session's
+        report.sections.append(("control plane", f"log: {node.cp.log_path}\n{node.cp.log_tail()}"))
+        for name in ("kubelet", "containerd", "kube-scheduler", "kube-proxy"):
+            report.sections.append((name, f"log: {node.logdir / (name + '.log')}\n{node.log_tail(name)}"))
     return report

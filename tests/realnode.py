@@ -46,7 +46,8 @@ component's log).
 
 The node registers with the taint `NODE_TAINT` (pods need `NODE_TOLERATION`; `pod()` adds it,
 and a policy's `runtimeClass.tolerations` can carry it), so pods other tests leave in the
-cluster (the manifests' Deployment) stay Pending as they always did, and with the labels of
+cluster (the two operator pods the replicaset controller makes for the manifests' Deployment,
+whose image is not on the node) stay Pending, as if there were no node, and with the labels of
 `NodeConfig.labels` (by default `katacontainers.io/kata-runtime=true`, the project's default
 class and guidance selector).
 
