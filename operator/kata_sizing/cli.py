@@ -759,13 +759,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {bounded.printable(str(exc))}", file=sys.stderr)
         return EXIT_UNREADABLE
     except PolicyError as exc:
         _print_problems(exc.problems)
         return EXIT_INVALID
     except QuantityError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {bounded.printable(str(exc))}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
