@@ -8,8 +8,8 @@ here; `sizing` parses them exactly with `quantity`.
 # No `from __future__ import annotations`: pydantic would compile and evaluate every field's
 # annotation from its string when the models are built, on each CLI start.
 import re
-from decimal import Decimal
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -19,7 +19,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -159,7 +158,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
-
 
 
 class Resources(_Model):
@@ -831,7 +829,8 @@ def _type_message(error_type: str, value: object) -> str:
             return message + "; YAML reads it as a number: quote it"
     if schema_type == "boolean" and isinstance(value, str) and value.lower() in ("true", "false"):
         return message + f"; write {value.lower()} without quotes"
-    if schema_type == "integer" and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+    if schema_type == "integer" and isinstance(value, str) and value.strip().lstrip("+-").isascii() \
+            and value.strip().lstrip("+-").isdigit():
         return message + f"; write {value.strip()} without quotes"
     return message
 

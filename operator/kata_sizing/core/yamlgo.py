@@ -24,8 +24,6 @@ import math
 import re
 import struct
 
-import yaml
-
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
 
@@ -38,7 +36,7 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 
 # go-yaml v2 resolve.go, resolveMapList.
 _RESOLVE_MAP: dict[str, tuple[str, object]] = {}
-for _values, _tag, _words in (
+for _value, _tag, _words in (
     (True, BOOL_TAG, ("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON")),
     (False, BOOL_TAG, ("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF")),
     (None, NULL_TAG, ("", "~", "null", "Null", "NULL")),
@@ -48,7 +46,7 @@ for _values, _tag, _words in (
     ("<<", MERGE_TAG, ("<<",)),
 ):
     for _word in _words:
-        _RESOLVE_MAP[_word] = (_tag, _values)
+        _RESOLVE_MAP[_word] = (_tag, _value)
 
 # go-yaml v2's yamlStyleFloat: the decimal floats it hands to strconv.ParseFloat.
 _YAML_STYLE_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?", re.ASCII)
