@@ -76,10 +76,12 @@ def test_the_guidance_summary_comes_from_the_template_directory_given(tmp_path, 
     assert summary.startswith("# an image's own copy\nNode guidance for KataSizingPolicy qemu-rs")
 
 
-def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch):
+def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch, tmp_path):
     import kata_sizing.controller.operator_main as operator_main
+    from tests.test_webhook import write_kubeconfig
 
     monkeypatch.setattr(operator_main, "run_operator", lambda **kwargs: 0)
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path)))  # checked before the operator starts
     args = cli.build_parser().parse_args(["operator", "--standalone"])
     gc.disable()
     try:

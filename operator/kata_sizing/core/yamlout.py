@@ -6,49 +6,29 @@ YAML 1.1's rules and Go's number syntax (kustomize's kyaml by YAML 1.2's): a pla
 a boolean, a null, a number or a timestamp there, so a label value `y` becomes `true` and a
 policy named `n` makes every object unreadable ("cannot unmarshal bool into ... labels of type
 string"). PyYAML's own resolver knows most of these but not `y`/`n`, Go's exponent without a
-dot, or `0o`: this writer quotes every string that any of those readers would take for
-something else (`reads_as_string_in_go` is the rule), and writes multi-line text as a literal
-block. docs/outputs.md lists where the writer is used.
+dot, or `0o`: this writer quotes every string that either would take for something else
+(`reads_as_string_in_go`, on go-yaml's own resolution in `yamlgo`), and writes multi-line text as
+a literal block. docs/outputs.md lists where the writer is used.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 import yaml
 
-_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's emitter: same text, 5x faster
+from . import yamlgo
 
-# go-yaml v2 (gopkg.in/yaml.v2 resolve.go, as sigs.k8s.io/yaml vendors it) reads these plain
-# scalars as booleans, nulls and the special floats; YAML 1.2 readers as well for the ones
-# they know.
-_GO_WORDS = frozenset({
-    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO",
-    "true", "True", "TRUE", "false", "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF",
-    "~", "null", "Null", "NULL", "",
-    ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN",
-})
-# A plain scalar starting with one of these goes through go-yaml's number parsing: with every
-# "_" removed, strconv.ParseInt/ParseUint in base 0 (0x, 0o, 0b and leading-0 octal included)
-# or, matching go-yaml's float pattern, strconv.ParseFloat.
-_NUMBER_START = frozenset("+-.0123456789")
-_GO_INTEGER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+|[0-9]+)")
-_GO_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
-# YAML 1.1's sexagesimal numbers and timestamps (PyYAML's resolver and go-yaml's parseTimestamp).
-_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
-_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt \t].*)?")
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's emitter: same text, 5x faster
+_pyyaml = yaml.resolver.Resolver()
 
 
 def reads_as_string_in_go(text: str) -> bool:
-    """Whether a plain (unquoted) `text` reads back as this string in go-yaml, kyaml and PyYAML."""
-    if text in _GO_WORDS:
+    """Whether a plain (unquoted) `text` reads back as this string in go-yaml v2 (yamlgo.resolve,
+    the rule kubectl, Helm and the API server read by) and in PyYAML."""
+    if yamlgo.resolve(text)[0] != yamlgo.STR_TAG:
         return False
-    if text[0] not in _NUMBER_START:
-        return True
-    plain = text.replace("_", "")
-    return not (_GO_INTEGER.fullmatch(plain) or _GO_FLOAT.fullmatch(plain)
-                or _SEXAGESIMAL.fullmatch(text) or _TIMESTAMP.fullmatch(text))
+    return _pyyaml.resolve(yaml.ScalarNode, text, (True, False)) == yamlgo.STR_TAG
 
 
 class _ReadsAsNonString:
@@ -63,9 +43,9 @@ class _GoSafeDumper(_Dumper):
     pass
 
 
-# Consulted after PyYAML's own resolvers (which quote the rest, the empty string included).
-_GoSafeDumper.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", _ReadsAsNonString(), sorted({w[0] for w in _GO_WORDS if w} | _NUMBER_START))
+# Consulted after PyYAML's own resolvers (which quote the empty string). go-yaml resolves a plain
+# scalar to something else than a string only when it starts with one of these characters.
+_GoSafeDumper.add_implicit_resolver("tag:yaml.org,2002:bool", _ReadsAsNonString(), list("yYnNtTfFoO~+-.0123456789<"))
 
 
 def _literal_block_allowed(text: str) -> bool:
