@@ -153,6 +153,8 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     # kata-sizing render against helm template of the kata-deploy chart (KATA_DEPLOY_CHART).
     "helm": _external("bench.helm_bench", "bench_helm"),
     "realserver": _external("bench.realserver_bench", "bench_realserver"),
+    # The operator as a ratio to a plain client writing the same objects to the same server.
+    "limit": _external("bench.limit_bench", "bench_limit"),
     # The operator's image (`make image`): start-up in it, with and without bytecode.
     "image": _external("bench.image_bench", "bench_image"),
 }
