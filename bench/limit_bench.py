@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.plain_client import PlainClient
+from bench.realserver_bench import _peak_rss_mib
 from bench.run import ROOT, percentile
 from tests.operator_helpers import explicit_classes_policy
 from tests.realcluster import (
@@ -44,6 +45,8 @@ from tests.realcluster import (
 Report = Callable[[str, str, str, str], None]
 SIZES = (1, 50, 200)
 RATIO_TARGET = 1.3
+# The chart's memory limit for the operator (charts/kata-sizing/values.yaml: resources.limits.memory).
+CHART_MEMORY_LIMIT_MIB = 256
 MANAGED = "app.kubernetes.io/managed-by=kata-sizing"
 # The shipped intervals: a resync every 5 minutes, node guidance at most every 10 s.
 OPERATOR_ENV = {"resync_s": 300, "guidance_s": 10}
@@ -277,12 +280,13 @@ def _split(cp: ControlPlane, mark: int, start: float, end: float | None,
     return end - start, (first - start) if first is not None else float("nan")
 
 
-def operator_cold_start(cp: ControlPlane, work: Path, bodies: list[dict], served: dict[str, str]):
-    """(seconds, the running operator)."""
+def operator_cold_start(cp: ControlPlane, work: Path, bodies: list[dict], served: dict[str, str],
+                        code: Path | None = None):
+    """(seconds, the running operator); `code`: the `operator/` directory of another revision."""
     keys = expected_keys([creation(b, served) for b in bodies])
     mark = cp.audit_offset()
     start = time.time()
-    operator = RealOperator(cp, work).start(**OPERATOR_ENV)
+    operator = RealOperator(cp, work).start(**OPERATOR_ENV, **({"PYTHONPATH": str(code)} if code else {}))
     end = wait_written(cp, mark, keys, 600, interval=0.5)
     return _split(cp, mark, start, end), operator
 
@@ -345,16 +349,20 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def _summarize(report: Report, what: str, operator: list[float], plain: list[float]) -> None:
+def _summarize(report: Report, what: str, operator: list[float], plain: list[float],
+               against: str = "plain client") -> None:
     if not operator or not plain:
-        report(f"{what}: no complete sample (operator {len(operator)}, plain {len(plain)})", "", "", "MISS")
+        report(f"{what}: no complete sample (operator {len(operator)}, {against} {len(plain)})", "", "", "MISS")
         return
     for label, fraction in (("median", 0.5), ("p95", 0.95)):
         op = statistics.median(operator) if fraction == 0.5 else percentile(operator, fraction)
         base = statistics.median(plain) if fraction == 0.5 else percentile(plain, fraction)
         ratio = op / base
-        report(f"{what}, {label} of {len(operator)}: operator {_ms(op)}, plain client {_ms(base)}",
-               f"{ratio:.2f}x", f"<= {RATIO_TARGET}x", "PASS" if ratio <= RATIO_TARGET else "MISS")
+        if against == "plain client":
+            report(f"{what}, {label} of {len(operator)}: operator {_ms(op)}, plain client {_ms(base)}",
+                   f"{ratio:.2f}x", f"<= {RATIO_TARGET}x", "PASS" if ratio <= RATIO_TARGET else "MISS")
+        else:
+            report(f"{what}, {label} of {len(operator)}: {_ms(op)} against {_ms(base)}", f"{ratio:.2f}x", "", "")
 
 
 def bench_limit(report: Report, quick: bool = False) -> None:
@@ -366,6 +374,9 @@ def bench_limit(report: Report, quick: bool = False) -> None:
     cold_runs = int(os.environ.get("BENCH_LIMIT_RUNS") or (2 if quick else 5))
     samples = int(os.environ.get("BENCH_LIMIT_SAMPLES") or (3 if quick else 4))  # per round
     sizes = tuple(int(n) for n in (os.environ.get("BENCH_LIMIT_SIZES") or "").split(",") if n) or SIZES
+    # The `operator/` directory of another revision (`git archive REV operator | tar -x -C DIR`):
+    # its operator takes a turn in every round too.
+    baseline = Path(os.environ["BENCH_LIMIT_BASELINE"]) if os.environ.get("BENCH_LIMIT_BASELINE") else None
     work = Path(tempfile.mkdtemp(prefix="kata-sizing-limit-"))
     try:
         with installed_control_plane(work) as cp:
@@ -375,26 +386,29 @@ def bench_limit(report: Report, quick: bool = False) -> None:
             report(f"plain client: the operator's client pool, {CONNECTIONS} connections; objects a policy "
                    "writes", str(len(creation(counted, served)["writes"])), "", "")
             for size in sizes:
-                _size(report, cp, work, served, size, cold_runs, samples, CONNECTIONS)
+                _size(report, cp, work, served, size, cold_runs, samples, CONNECTIONS, baseline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], size: int, cold_runs: int,
-          samples: int, connections: int) -> None:
-    """Rounds turn about (plain client first in even rounds, the operator first in odd ones), so
-    that a change of the machine's load falls on both: each round a cold start, then, on the
-    cluster it left, `samples` policies created and `samples` spec changes."""
+          samples: int, connections: int, baseline: Path | None = None) -> None:
+    """Rounds turn about (the plain client, the operator and, given `baseline`, the operator of
+    that revision, each round starting one later), so that a change of the machine's load falls
+    on all: each round a cold start, then, on the cluster it left, `samples` policies created and
+    `samples` spec changes."""
     names = [f"p{size}-{i}" for i in range(size)]
     figures: dict[tuple[str, str], list[float]] = {}
+    peak_mib: dict[str, list[float | None]] = {}
 
     def keep(who: str, what: str, took: tuple[float, float] | None) -> None:
         if took is not None:
             figures.setdefault((who, what), []).append(took[0])
             figures.setdefault((who, what + " first"), []).append(took[1])
 
+    turns = ("plain", "operator", "baseline") if baseline is not None else ("plain", "operator")
     for run in range(cold_runs):
-        for who in (("plain", "operator") if run % 2 == 0 else ("operator", "plain")):
+        for who in turns[run % len(turns):] + turns[:run % len(turns)]:
             clear(cp)
             bodies = create_policies(cp, names)
             if who == "plain":
@@ -411,7 +425,8 @@ def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], 
                     loop.run_until_complete(client.__aexit__())
                     loop.close()
             else:
-                took, operator = operator_cold_start(cp, work, bodies, served)
+                took, operator = operator_cold_start(cp, work, bodies, served,
+                                                     baseline if who == "baseline" else None)
                 try:
                     keep(who, "cold", took)
                     quiet(cp)
@@ -420,6 +435,7 @@ def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], 
                     for i in range(samples):
                         keep(who, "changed", operator_spec_change(cp, names[i % size], served))
                 finally:
+                    peak_mib.setdefault(who, []).append(_peak_rss_mib(operator))
                     operator.stop()
     for what, label in (("cold", "cold start"), ("created", "policy created -> all written"),
                         ("changed", "spec change -> all updated")):
@@ -432,4 +448,13 @@ def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], 
             report(f"  of which until the first {'request' if what == 'cold' else 'object written'}, median: operator "
                    f"{_ms(statistics.median(firsts['operator']))}, plain client {_ms(statistics.median(firsts['plain']))}",
                    "", "", "")
+        if baseline is not None:
+            _summarize(report, f"  {label}, {size} policies, against the baseline's operator",
+                       figures.get(("operator", what), []), figures.get(("baseline", what), []), "baseline")
+    for who in peak_mib:
+        peaks = [p for p in peak_mib[who] if p is not None]
+        if peaks:
+            report(f"{'operator' if who == 'operator' else 'baseline operator'} peak RSS over its rounds, "
+                   f"{size} policies", f"{max(peaks):.0f} MiB", f"< {CHART_MEMORY_LIMIT_MIB} MiB",
+                   "PASS" if max(peaks) < CHART_MEMORY_LIMIT_MIB else "MISS")
     clear(cp)
