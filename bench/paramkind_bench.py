@@ -299,8 +299,22 @@ def _spec_change_writes(form: str, before, after) -> list[dict]:
     return [o for o in objects(after) if old.get((o["kind"], o["metadata"]["name"])) != o]
 
 
-def _delete_all(cp: ControlPlane, bodies: list[dict]) -> None:
-    cp.kubectl("delete", "--wait=true", "--ignore-not-found", "-f", "-", input=yaml.safe_dump_all(bodies), check=False)
+_COLLECTIONS = ("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+                "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings",
+                "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+                "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies",
+                f"/api/v1/namespaces/{PARAMS_NAMESPACE}/configmaps")
+
+
+def _delete_all(cp: ControlPlane) -> None:
+    """Every per-policy object (by its label; the shared policies have none), one request per kind."""
+    from kata_sizing.core import podfit
+
+    selector = f"?labelSelector={podfit.POLICY_LABEL}"
+    for path in _COLLECTIONS:
+        cp.request("DELETE", path + selector)
+    poll(lambda: not any(cp.request("GET", p + selector)["items"] for p in _COLLECTIONS), 120,
+         "the per-policy objects are gone")
 
 
 def bench_paramkind(report: Report, quick: bool = False) -> None:
@@ -340,7 +354,7 @@ def bench_paramkind(report: Report, quick: bool = False) -> None:
                     bodies = [o for s in sized for o in (today_objects(s) if form == "today"
                                                          else per_policy_objects(s))]
                     times[form].append(_write_all(cp, bodies))
-                    _delete_all(cp, bodies)
+                    _delete_all(cp)
             # A spec change: class s's memory, on one policy, turn about.
             changed_body = explicit_classes_policy("w0")
             changed_body["spec"]["classes"][0]["memory"] = "768Mi"
