@@ -287,7 +287,15 @@ def operator_cold_start(cp: ControlPlane, work: Path, bodies: list[dict], served
     mark = cp.audit_offset()
     start = time.time()
     operator = RealOperator(cp, work).start(**OPERATOR_ENV, **({"PYTHONPATH": str(code)} if code else {}))
-    end = wait_written(cp, mark, keys, 600, interval=0.5)
+    try:
+        end = wait_written(cp, mark, keys, 600, interval=0.5)
+    except BaseException:
+        operator.stop()
+        raise
+    if end is None:
+        log = operator.log()[-2000:]
+        operator.stop()
+        raise RuntimeError(f"the operator did not write every object in 600 s:\n{log}")
     return _split(cp, mark, start, end), operator
 
 
@@ -374,8 +382,8 @@ def bench_limit(report: Report, quick: bool = False) -> None:
     cold_runs = int(os.environ.get("BENCH_LIMIT_RUNS") or (2 if quick else 5))
     samples = int(os.environ.get("BENCH_LIMIT_SAMPLES") or (3 if quick else 4))  # per round
     sizes = tuple(int(n) for n in (os.environ.get("BENCH_LIMIT_SIZES") or "").split(",") if n) or SIZES
-    # The `operator/` directory of another revision (`git archive REV operator | tar -x -C DIR`):
-    # its operator takes a turn in every round too.
+    # The `operator/` directory of another revision (`git archive REV operator templates | tar
+    # -x -C DIR`, then DIR/operator): its operator takes a turn in every round too.
     baseline = Path(os.environ["BENCH_LIMIT_BASELINE"]) if os.environ.get("BENCH_LIMIT_BASELINE") else None
     work = Path(tempfile.mkdtemp(prefix="kata-sizing-limit-"))
     try:

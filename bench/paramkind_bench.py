@@ -14,7 +14,7 @@ spec and its defaults.
 
 What it prints, for both forms in the same run: the verdict of every pod of the admission
 table (tests/test_podfit.py) and of the 80 random pods of tests/test_real_admission.py against
-podfit's, word for word; whether pods with 300, 400 and 500 init containers are judged or
+podfit's, word for word; whether pods with 300, 400, 450 and 500 init containers are judged or
 exceed the CEL cost limit; the objects written per policy; the time to write them for 50
 policies, turn about. Skipped with a line saying why where the control plane is not built.
 """
@@ -243,7 +243,7 @@ def _correctness(report: Report, cp: ControlPlane, form: str, objects: list[dict
                    "PASS" if same == total else "MISS")
             for line in differ[:3]:
                 report(f"    {line[:300]}", "", "", "")
-        for count in (300, 400, 500):
+        for count in (300, 400, 450, 500):
             report(f"{form}: a pod with {count} init containers (half sidecars)", _many_inits(cp, count), "", "")
     finally:
         cp.kubectl("delete", "--wait=true", "--ignore-not-found", "-f", "-", input=yaml.safe_dump_all(objects),
