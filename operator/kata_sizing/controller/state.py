@@ -94,8 +94,8 @@ class OperatorState:
     derived: dict[Hashable, tuple] = field(default_factory=dict)
     # Per policy: ((uid, generation), its sizing or None when invalid). Kept apart from `derived`,
     # which is cleared when full: with 200 policies the guidance timer's pod audit re-sized a
-    # policy on nearly every tick (a third of the operator's CPU, bench section `limit`); an
-    # entry is about 17 KiB.
+    # policy on nearly every tick, two thirds of the operator's busy time (docs/performance.md);
+    # an entry is about 17 KiB.
     sizings: dict[str, tuple[tuple, object]] = field(default_factory=dict)
     # The latest body seen of each policy (kopf's handlers and our own status writes keep it):
     # a drift pass starts from it instead of reading the policy again.
