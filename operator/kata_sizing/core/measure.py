@@ -69,6 +69,10 @@ class KataPod:
     # The containers the Summary should list: regular ones and sidecars (restartable init
     # containers); run-to-completion init containers have exited and are not listed.
     containers: tuple[str, ...] = ()
+    # The limits that are set, summed as Kubernetes does: what Kata sizes the VM from
+    # (sizing.explain_pod); None where no container sets one.
+    set_cpu_millis: int | None = None
+    set_memory_bytes: int | None = None
 
     @property
     def cgroup_limit_bytes(self) -> int | None:
@@ -105,6 +109,8 @@ def kata_pod(pod: Mapping, runtime_classes: Container[str]) -> KataPod | None:
         memory_limit_bytes=None if limits.memory_missing else (limits.memory_bytes or 0),
         pod_fixed_memory_bytes=overhead,
         containers=sidecars + containers,
+        set_cpu_millis=limits.cpu_millis,
+        set_memory_bytes=limits.memory_bytes,
     )
 
 
