@@ -9,6 +9,7 @@ connections: back off and retry). Anything else is a PermanentApiError.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 import os
@@ -20,6 +21,7 @@ from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
 from . import metrics
+from ..core import bounded
 from ..core.model import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -43,6 +45,10 @@ ADMISSION_PLURALS = {
 }
 # Checked in this order; the first served version of a kind is used.
 ADMISSION_VERSIONS = ("v1", "v1beta1")
+# Connections for kubelet Summaries read through the API server, apart from the pool above: a
+# kubelet that does not answer holds its connection until the timeout, and must not hold up
+# the operator's writes and watches.
+SUMMARY_CONNECTIONS = 8
 
 
 class ApiError(Exception):
@@ -104,6 +110,10 @@ class KubeApi:
     api_client: client.ApiClient
     # {kind: version} of the admission kinds the server serves; filled by served_admission_versions().
     admission_versions: dict = field(default_factory=dict)
+    # How this client reaches the API server (server, CA, credentials); the kubelet client
+    # (controller/kubelet.py) presents the same credentials.
+    configuration: client.Configuration | None = None
+    _summary_client: client.ApiClient | None = None
 
     @classmethod
     async def connect(cls) -> "KubeApi":
@@ -119,10 +129,12 @@ class KubeApi:
             await config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
             )
-        return cls(client.ApiClient(configuration))
+        return cls(client.ApiClient(configuration), configuration=configuration)
 
     async def close(self) -> None:
         await self.api_client.close()
+        if self._summary_client is not None:
+            await self._summary_client.close()
 
     @property
     def _core(self) -> client.CoreV1Api:
@@ -350,6 +362,47 @@ class KubeApi:
         return self._plain(await self._call(
             f"replace Lease {meta['namespace']}/{meta['name']}", self._coordination.replace_namespaced_lease,
             meta["name"], meta["namespace"], body, field_manager=FIELD_MANAGER))
+
+    # --- kubelet Summaries through the API server's node proxy (needs nodes/proxy get) ---
+
+    def _summaries(self) -> client.ApiClient:
+        if self._summary_client is None:
+            configuration = copy.copy(self.configuration or self.api_client.configuration)
+            configuration.connection_pool_maxsize = SUMMARY_CONNECTIONS
+            self._summary_client = client.ApiClient(configuration)
+        return self._summary_client
+
+    async def read_node_summary(self, node: str, timeout_s: float) -> object:
+        """The kubelet's Summary of `node` (GET /api/v1/nodes/NODE/proxy/stats/summary), as
+        `kubectl get --raw` prints it, parsed within bounded's limits. The path is written out
+        whole: the generated proxy method would send its '/' as %2F."""
+        api_client = self._summaries()
+        what = f"read the Summary of node {node}"
+        try:
+            method, url, headers, body, post = await api_client.param_serialize(
+                "GET", "/api/v1/nodes/{name}/proxy/stats/summary", path_params={"name": node},
+                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+            response = await api_client.call_api(method, url, headers, body, post, _request_timeout=timeout_s)
+            data = await response.read()
+        except (ApiException, *_NETWORK_ERRORS) as exc:
+            raise _translate(exc, what) from None
+        if response.status >= 400:
+            text = data.decode("utf-8", "replace")[:1000]
+            raise _translate(ApiException(status=response.status, reason=response.reason, body=text), what)
+        try:
+            return bounded.load_json(data, f"the Summary of node {node}")
+        except bounded.InputError as exc:
+            raise TransientApiError(None, str(exc)) from None
+
+    async def list_all(self, collection: str, label_selector: str | None = None, page_size: int = 500) -> list[dict]:
+        """Every object of a collection, read a page at a time (for the CLI's one-off survey)."""
+        found, continue_token = [], None
+        while True:
+            page, _, continue_token = await self.list_page(
+                collection, page_size, continue_token, label_selector=label_selector)
+            found.extend(page)
+            if not continue_token:
+                return found
 
     # --- raw list/watch for the informers (no model round-trip: 20,000 pods stay cheap) ---
 

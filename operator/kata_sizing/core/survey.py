@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 
 from .calibrate import HOST_COLUMNS, Sample
-from .measure import NodeReading, PodMeasurement
+from .measure import KataPod, NodeReading, PodMeasurement, SummaryError, kata_pod, read_summary
 from .quantity import MIB
 from .sizing import PolicySizing, SandboxRefused, explain_pod
 
@@ -29,6 +29,37 @@ COLUMNS = (
 def _mib(size_bytes: int) -> Decimal:
     # Exact: a limit of 1G is 953.67431640625 MiB, and calibrate reads decimals.
     return (Decimal(size_bytes) / MIB).normalize() if size_bytes % MIB else Decimal(size_bytes // MIB)
+
+
+def kata_pods_by_node(pods: Iterable[dict], runtime_classes: set[str]) -> tuple[dict[str, dict[str, KataPod]], set[str]]:
+    """The scheduled Kata pods of `runtime_classes` by node and uid, and the uids of every other pod."""
+    by_node: dict[str, dict[str, KataPod]] = {}
+    others: set[str] = set()
+    for pod in pods:
+        found = kata_pod(pod, runtime_classes)
+        if found is None or found.node is None:
+            others.add(str(((pod.get("metadata") or {}).get("uid")) or ""))
+        else:
+            by_node.setdefault(found.node, {})[found.uid] = found
+    return by_node, others
+
+
+def readings_from(
+    summaries: Iterable[tuple[str, object]], pods: Iterable[dict], runtime_classes: set[str],
+) -> tuple[list[NodeReading], list[str]]:
+    """Readings of saved Summaries ((node, document) pairs) against the pods' specs (`kubectl get
+    pods -A -o yaml`), and a note per Summary that could not be read."""
+    by_node, others = kata_pods_by_node(pods, runtime_classes)
+    readings, notes = [], []
+    for node, summary in summaries:
+        try:
+            reading = read_summary(summary, node, by_node.get(node, {}), others)
+        except SummaryError as exc:
+            notes.append(str(exc))
+            continue
+        readings.append(reading)
+        notes.extend(f"node {node}: {problem}" for problem in reading.problems)
+    return readings, notes
 
 
 def survey_rows(readings: Iterable[NodeReading], sizing: PolicySizing) -> tuple[list[Sample], list[str]]:
