@@ -23,6 +23,8 @@ from .cluster import facts_for_nodes, summarize_node, summarize_pod
 from ..core.audit import audit_runtime_classes
 from .informer import ChildCache, Informer, backoff_s
 from .kube import ApiError, KubeApi, TransientApiError
+from .kubelet import DirectKubelets, KubeletOptions
+from .measurement import Clock, MeasurementLoop, measured_policy
 from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
 from ..core.model import GROUP, PLURAL, VERSION, PolicyError, parse_policy
 from ..core.podfit import POLICY_LABEL, PodInputError, check_limits, route_patch
@@ -127,12 +129,36 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         retry_cap_s=RETRY_CAP_S, name="drift", gate=memo.leader.wait_leading if memo.leader else None,
     )
     install_pod_routing(settings, memo)
+    memo.measurement = _measurement_loop(memo)
+    metrics.track_measurement(memo.measurement)
     memo.background = [
         *([asyncio.create_task(memo.leader.run(), name="leader-election")] if memo.leader else []),
         asyncio.create_task(memo.nodes.run(), name="nodes-informer"),
         asyncio.create_task(memo.pods.run(), name="pods-informer"),
         *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in memo.children.informers()),
     ]
+
+
+def _measurement_loop(memo: kopf.Memo) -> MeasurementLoop:
+    """The loop that reads kubelet Summaries (controller/measurement.py), either directly from
+    each kubelet or through the API server's node proxy (memo.kubelet, a KubeletOptions)."""
+    options = getattr(memo, "kubelet", None) or KubeletOptions()
+    memo.kubelets = DirectKubelets(memo.api.configuration, options) if options.access == "direct" else None
+
+    async def read(node: str) -> object:
+        if memo.kubelets is None:
+            return await memo.api.read_node_summary(node, options.timeout_s)
+        found = _nodes_by_name(memo).get(node)
+        return await memo.kubelets.read(node, found.kubelet_address if found else None,
+                                        found.kubelet_port if found else None)
+
+    return MeasurementLoop(read, memo.pods, events=_event_sink, clock=getattr(memo, "measurement_clock", None) or Clock(),
+                           gate=memo.leader.wait_leading if memo.leader else None)
+
+
+def _nodes_by_name(memo: kopf.Memo) -> dict:
+    return _memoized(memo, ("nodes-by-name", memo.nodes.version),
+                     lambda: {n.name: n for n in memo.nodes.items.values()})
 
 
 async def _discover_admission(api: KubeApi) -> dict[str, str]:
@@ -161,6 +187,8 @@ async def on_cleanup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         await asyncio.wait_for(_all_released(locks), SHUTDOWN_GRACE_S)
     except asyncio.TimeoutError:
         log.warning("closing the API client with a pass still in progress")
+    if getattr(memo, "kubelets", None) is not None:
+        await memo.kubelets.close()
     if getattr(memo, "leader", None) is not None:
         await memo.leader.release()  # the other replica takes over now, not after the lease expires
     api = getattr(memo, "api", None)
@@ -298,8 +326,25 @@ def _audit(memo: kopf.Memo) -> list | None:
 # --- one pass for one policy ----------------------------------------------------------------
 
 
-async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple | None = None) -> None:
-    """Reconcile one policy; API errors propagate (the callers decide how to retry)."""
+async def _proposal(memo: kopf.Memo, sizing) -> dict:
+    """status.proposal: the refit of spec.overhead.survey's CSV ({} without a survey)."""
+    from ..core.proposal import proposal_status
+
+    survey = sizing.policy.spec.overhead.survey
+    if survey is None:
+        return {}
+    namespace = survey.namespace or sizing.policy.spec.output.namespace
+    source = f"ConfigMap {namespace}/{survey.config_map} key {survey.key}"
+    found = await memo.api.read_config_map(namespace, survey.config_map)
+    text = ((found or {}).get("data") or {}).get(survey.key)
+    return proposal_status(sizing.policy, text, source)
+
+
+async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple | None = None,
+                reread_survey: bool = True) -> None:
+    """Reconcile one policy; API errors propagate (the callers decide how to retry). The survey
+    ConfigMap is read on every pass but the guidance timer's (`reread_survey`): a change of the
+    policy or a resync picks up a new survey."""
     name = body["metadata"]["name"]
     _start_drift_queue(memo)
     try:
@@ -307,6 +352,13 @@ async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple |
     except asyncio.TimeoutError:
         raise TransientApiError(None, "the RuntimeClass and ConfigMap caches have not synced yet") from None
     async with _lock(memo, name):
+        sizing = _sizing(memo, body)
+        measurement = proposal = None
+        if sizing is not None:  # an invalid policy keeps what its last valid generation measured
+            memo.measurement.configure(measured_policy(sizing, rc.policy_ref(body)), name)
+            measurement = memo.measurement.report(name) or {}
+            proposal = await _proposal(memo, sizing) if reread_survey else None
+        measured = memo.measurement.version(name)
         inputs = _inputs(memo)
         if facts is None:
             facts = await _node_facts(body, memo)
@@ -317,14 +369,16 @@ async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple |
                 memo.api, body, trigger, memo.cache, _event_sink, nodes=list(facts) if facts is not None else None,
                 audit_findings=findings, children=memo.children, admission_versions=memo.admission_versions,
                 pod_findings=pod_findings, webhook_serving=memo.webhook_serving,
+                measurement=measurement, proposal=proposal,
             ))
         # Only after success: a failed pass is retried, not taken as done.
-        memo.last_pass[name] = (inputs, facts, findings, pod_findings)
+        memo.last_pass[name] = (inputs, facts, findings, pod_findings, measured)
 
 
-async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: tuple | None = None) -> None:
+async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: tuple | None = None,
+                     reread_survey: bool = True) -> None:
     try:
-        await _pass(memo, _plain(body), trigger, facts)
+        await _pass(memo, _plain(body), trigger, facts, reread_survey)
     except (TransientApiError, rc.Conflict) as exc:
         delay = _retry_delay_s(retry)
         raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
@@ -355,18 +409,19 @@ async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, retry: int, **_) ->
     name = body["metadata"]["name"]
     if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.last_pass:
         return
-    inputs, facts, findings, pod_findings = memo.last_pass[name]
-    if inputs == _inputs(memo):
+    inputs, facts, findings, pod_findings, measured = memo.last_pass[name]
+    if inputs == _inputs(memo) and measured == memo.measurement.version(name):
         return
     now_inputs = _inputs(memo)
     plain = _plain(body)
     fresh = await _node_facts(plain, memo)
     fresh_findings = _audit(memo)
     fresh_pod_findings = _pod_findings(memo, plain)
-    if fresh == facts and fresh_findings == findings and fresh_pod_findings == pod_findings:
-        memo.last_pass[name] = (now_inputs, facts, findings, pod_findings)
+    if (fresh == facts and fresh_findings == findings and fresh_pod_findings == pod_findings
+            and measured == memo.measurement.version(name)):
+        memo.last_pass[name] = (now_inputs, facts, findings, pod_findings, measured)
         return
-    await _reconcile(memo, body, "resync", retry, facts=fresh)
+    await _reconcile(memo, body, "resync", retry, facts=fresh, reread_survey=False)
 
 
 async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
@@ -379,6 +434,7 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
             raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
     memo.locks.pop(name, None)
     memo.last_pass.pop(name, None)
+    memo.measurement.configure(None, name)
     metrics.forget_policy(name)
     if removed:
         log.info("policy %s deleted; removed %s", name, ", ".join(removed))
@@ -388,10 +444,12 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
 
 
 def _start_drift_queue(memo: kopf.Memo) -> None:
-    """Started from the first pass, inside a kopf handler: the queue's tasks inherit the context
-    kopf.event() posts through. Before any pass there is no desired state to correct towards."""
+    """Started from the first pass, inside a kopf handler: the queue's tasks (and the measurement
+    loop's) inherit the context kopf.event() posts through. Before any pass there is no desired
+    state to correct towards, and no class to measure."""
     if not any(t.get_name() == "drift-queue" for t in memo.background):
         memo.background.append(asyncio.create_task(memo.work.run(), name="drift-queue"))
+        memo.background.append(asyncio.create_task(memo.measurement.run(), name="measurement"))
 
 
 def _child_changed(memo: kopf.Memo, key: rc.ObjKey, before: dict | None, after: dict | None) -> None:

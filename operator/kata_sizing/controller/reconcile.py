@@ -424,6 +424,10 @@ class PassResult:
     unmanaged: list[dict] | None = None
     pod_audit: dict | None = None
     refused: list[str] = field(default_factory=list)
+    # status.measurement: None leaves it as it was, {} removes it (the measurement switched off).
+    measurement: dict | None = None
+    # status.proposal: None leaves it as it was, {} removes it (no spec.overhead.survey).
+    proposal: dict | None = None
 
 
 def _remember(children: LiveChildren | None, kind: str, written: dict | None) -> None:
@@ -680,7 +684,7 @@ def class_status(sizing: PolicySizing) -> list[dict]:
 
 OWNED_STATUS_FIELDS = (
     "observedGeneration", "runtime", "classNames", "conditions", "classes", "warnings", "overhead", "nodes",
-    "unmanagedRuntimeClasses", "podAudit",
+    "unmanagedRuntimeClasses", "podAudit", "measurement", "proposal",
 )
 # status.podAudit lists at most this many pods (the counts cover them all): a status object
 # stays far below etcd's 1.5 MiB request limit whatever the number of pods breaking a rule.
@@ -792,6 +796,14 @@ def compute_status(body: dict, result: PassResult, sizing: PolicySizing | None) 
     pod_audit = result.pod_audit if result.pod_audit is not None else previous.get("podAudit")
     if pod_audit is not None:
         status["podAudit"] = pod_audit
+    for key, value in (("measurement", result.measurement), ("proposal", result.proposal)):
+        if value is None:
+            if previous.get(key) is not None:
+                status[key] = previous[key]
+        elif value:
+            status[key] = value
+        elif previous.get(key) is not None:
+            status[key] = None  # a merge patch's null removes the field
     return status
 
 
@@ -811,6 +823,8 @@ async def reconcile(
     admission_versions: dict[str, str] | None = None,
     pod_findings: list[dict] | None = None,
     webhook_serving: bool | None = None,
+    measurement: dict | None = None,
+    proposal: dict | None = None,
 ) -> PassResult:
     """One pass for one policy: validate, render, apply the difference, write status if changed."""
     name = (body.get("metadata") or {}).get("name")
@@ -859,6 +873,7 @@ async def reconcile(
     if pod_findings is not None:
         applied.pod_audit = pod_audit_status(pod_findings)
         announce_pod_audit(cache, sink, ref, name, body, applied.pod_audit)
+    applied.measurement, applied.proposal = measurement, proposal
     if applied.writes:
         sink(ref, "Normal", cond.EVENT_APPLIED, "; ".join(applied.writes))
     if applied.warnings != (body.get("status") or {}).get("warnings") and cache.first_time(

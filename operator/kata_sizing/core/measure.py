@@ -81,13 +81,14 @@ class KataPod:
         return self.memory_limit_bytes + self.pod_fixed_memory_bytes
 
 
-def kata_pod(pod: Mapping, runtime_classes: Container[str]) -> KataPod | None:
-    """The pod as the measurement needs it, or None when it is not of one of `runtime_classes`,
-    has finished, or its spec cannot be read (the API server validated it; nothing to measure)."""
+def kata_pod(pod: Mapping, runtime_classes: Container[str] | None) -> KataPod | None:
+    """The pod as the measurement needs it, or None when it is not of one of `runtime_classes`
+    (None: of any runtime class), has finished, or its spec cannot be read (the API server
+    validated it; nothing to measure)."""
     spec = pod.get("spec") or {}
     meta = pod.get("metadata") or {}
     runtime_class = spec.get("runtimeClassName") if isinstance(spec, Mapping) else None
-    if not runtime_class or runtime_class not in runtime_classes:
+    if not runtime_class or (runtime_classes is not None and runtime_class not in runtime_classes):
         return None
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
@@ -323,6 +324,7 @@ class LowHeadroom:
     cgroup_limit_bytes: int
     threshold_bytes: int
     measured_at: float
+    uid: str = ""
 
     def message(self, class_name: str, threshold: HeadroomThreshold) -> str:
         return (f"pod {self.pod} (class {class_name}) on node {self.node}: working set "
@@ -574,7 +576,8 @@ class MeasurementState:
             if headroom < limit:
                 low.append(LowHeadroom(
                     measurement.pod.pod, reading.node, runtime_class, headroom,
-                    measurement.working_set_bytes or 0, measurement.pod.cgroup_limit_bytes or 0, limit, at))
+                    measurement.working_set_bytes or 0, measurement.pod.cgroup_limit_bytes or 0, limit, at,
+                    uid=measurement.pod.uid))
         self.nodes[reading.node] = NodeRecord(
             measured_at=at, pods_by_class=pods, without_limit_by_class=without_limit, low=tuple(low),
             unknown_count=reading.unknown_count)

@@ -161,3 +161,25 @@ def propose(policy: KataSizingPolicy, samples: Sequence[Sample], margin: Decimal
     return Proposal(overhead=block, classes=tuple(classes), rows=len(samples), fit=fit,
                     host_raised_mib=host_raised, host_raised_for=raised_for, notes=tuple(notes),
                     refitted=refitted)
+
+
+def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str) -> dict:
+    """status.proposal for a survey's CSV text (None: the ConfigMap or its key is missing)."""
+    from .calibrate import parse_samples_csv
+
+    if csv_text is None:
+        return {"source": source, "error": f"{source} not found"}
+    try:
+        proposal = propose(policy, parse_samples_csv(csv_text))
+    except CalibrationError as exc:
+        return {"source": source, "error": "; ".join(exc.problems)[:1000]}
+    found = {
+        "source": source, "rows": proposal.rows, "overhead": dict(proposal.overhead),
+        "classes": [{
+            "name": c.name, "podFixed": c.pod_fixed, "podFixedBefore": c.pod_fixed_before, "podsMeasured": c.pods,
+            **({"minHeadroomBytes": c.min_headroom_bytes} if c.min_headroom_bytes is not None else {}),
+        } for c in proposal.classes],
+        "hostRaisedMiB": proposal.host_raised_mib,
+        "notes": list(proposal.notes),
+    }
+    return found
