@@ -152,7 +152,7 @@ def summarize_pod(pod: Mapping) -> PodRequest | None:
         node=node,
         limits=limits,
         routed_by=routed_by,
-        kata=kata_pod(pod, None) if runtime_class is not None and node is not None else None,
+        kata=kata_pod(pod, None, limits) if runtime_class is not None and node is not None and limits else None,
     )
 
 

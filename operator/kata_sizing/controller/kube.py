@@ -390,7 +390,7 @@ class KubeApi:
             text = data.decode("utf-8", "replace")[:1000]
             raise _translate(ApiException(status=response.status, reason=response.reason, body=text), what)
         try:
-            return bounded.load_json(data, f"the Summary of node {node}")
+            return bounded.load_json(data, f"the Summary of node {node}", walk=False)
         except bounded.InputError as exc:
             raise TransientApiError(None, str(exc)) from None
 

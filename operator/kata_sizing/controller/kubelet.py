@@ -114,7 +114,7 @@ class DirectKubelets:
             hint = " (the operator needs get nodes/stats)" if status == 403 else ""
             raise KubeletError(status, f"{url}: HTTP {status}{hint}: {text}")
         try:
-            return bounded.load_json(body, f"the Summary of node {node}")
+            return bounded.load_json(body, f"the Summary of node {node}", walk=False)
         except bounded.InputError as exc:
             raise KubeletError(None, str(exc)) from None
 

@@ -26,7 +26,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from .podfit import PodInputError, pod_limits, pod_spec_of
+from .podfit import PodInputError, PodLimits, pod_limits, pod_spec_of
 from .quantity import MIB, QuantityError, memory_bytes
 
 __all__ = [
@@ -81,10 +81,11 @@ class KataPod:
         return self.memory_limit_bytes + self.pod_fixed_memory_bytes
 
 
-def kata_pod(pod: Mapping, runtime_classes: Container[str] | None) -> KataPod | None:
+def kata_pod(pod: Mapping, runtime_classes: Container[str] | None, limits: PodLimits | None = None) -> KataPod | None:
     """The pod as the measurement needs it, or None when it is not of one of `runtime_classes`
     (None: of any runtime class), has finished, or its spec cannot be read (the API server
-    validated it; nothing to measure)."""
+    validated it; nothing to measure). `limits`: podfit.pod_limits of its spec, when the caller
+    has them already."""
     spec = pod.get("spec") or {}
     meta = pod.get("metadata") or {}
     runtime_class = spec.get("runtimeClassName") if isinstance(spec, Mapping) else None
@@ -94,7 +95,8 @@ def kata_pod(pod: Mapping, runtime_classes: Container[str] | None) -> KataPod | 
         return None
     try:
         spec = pod_spec_of(pod)
-        limits = pod_limits(spec)
+        if limits is None:
+            limits = pod_limits(spec)
         overhead = memory_bytes(((spec.get("overhead") or {}).get("memory")) or 0)
     except (PodInputError, QuantityError, AttributeError, TypeError):
         return None
