@@ -187,6 +187,26 @@ def test_with_the_webhook_the_chart_installs_the_same_objects_as_the_overlay(hel
         assert chart[key] == obj, f"{key} differs between the chart and overlays/webhook/"
 
 
+def test_with_kubelet_access_through_the_api_server_the_chart_installs_the_overlay(helm: str) -> None:
+    chart = by_key([without_helm_labels(o) for o in template(
+        helm, "--include-crds", "--set", "namespace.create=true", "--set", "measurement.kubeletAccess=apiserver")])
+    overlay = by_key(kustomize(ROOT / "overlays" / "kubelet-via-apiserver"))
+    assert sorted(chart) == sorted(overlay)
+    for key, obj in overlay.items():
+        assert chart[key] == obj, f"{key} differs between the chart and overlays/kubelet-via-apiserver/"
+    rules = [r for r in overlay["ClusterRole", "kata-sizing"]["rules"] if any(x.startswith("nodes/") for x in r["resources"])]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]
+
+
+def test_kubelet_tls_verification_can_be_skipped_for_self_signed_kubelets(helm: str) -> None:
+    container = one(template(helm, "--set", "measurement.kubeletInsecureSkipTLSVerify=true"),
+                    "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    from kata_sizing.cli import build_parser
+
+    args = build_parser().parse_args(container["args"])
+    assert (args.kubelet_access, args.kubelet_insecure_skip_tls_verify) == ("direct", True)
+
+
 def test_without_create_the_namespace_is_helms_to_make(default_objects: list[dict]) -> None:
     assert "Namespace" not in {o["kind"] for o in default_objects}
     assert {o["metadata"].get("namespace") for o in default_objects if o["kind"] in
@@ -246,6 +266,7 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
 
 @pytest.mark.parametrize("values, message", [
     (["--set", "replicas=0"], "replicas: at least 1"),
+    (["--set", "measurement.kubeletAccess=proxy"], 'measurement.kubeletAccess: "proxy" is not direct or apiserver'),
     (["--set", "logFormat=xml"], '"xml" is not text or json'),
     (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false"],
      "webhook.caBundle is required"),

@@ -723,7 +723,21 @@ def cmd_operator(args: argparse.Namespace) -> int:
         metrics = MetricsOptions(port=args.metrics_port, addr=args.metrics_addr)
     return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace,
                         webhook=_webhook_options(args), metrics=metrics, log_format=args.log_format,
-                        lease=_lease_options(args))
+                        lease=_lease_options(args), kubelet=_kubelet_options(args))
+
+
+def _kubelet_options(args: argparse.Namespace):
+    """How the measurement reads kubelet Summaries (controller/kubelet.py)."""
+    from .controller.kubelet import KubeletOptions
+
+    if args.kubelet_access == "apiserver" and (args.kubelet_ca or args.kubelet_insecure_skip_tls_verify):
+        raise InputError("--kubelet-ca and --kubelet-insecure-skip-tls-verify are for --kubelet-access direct")
+    if args.kubelet_ca and args.kubelet_insecure_skip_tls_verify:
+        raise InputError("--kubelet-ca verifies kubelets; --kubelet-insecure-skip-tls-verify does not: give one")
+    if args.kubelet_ca:
+        read_text(args.kubelet_ca)  # a missing mount is one line here, not a failure per node later
+    return KubeletOptions(access=args.kubelet_access, ca_file=args.kubelet_ca,
+                          insecure_skip_tls_verify=args.kubelet_insecure_skip_tls_verify)
 
 
 def _lease_options(args: argparse.Namespace):
@@ -848,6 +862,14 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--leader-elect-namespace", metavar="NS",
                           default=os.environ.get("POD_NAMESPACE") or "kata-sizing",
                           help="where the Lease lives (default: $POD_NAMESPACE, else kata-sizing)")
+    operator.add_argument("--kubelet-access", choices=("direct", "apiserver"), default="direct",
+                          help="how the measurement reads kubelet Summaries: direct (each kubelet's port, needs "
+                               "nodes/stats) or apiserver (the API server's node proxy, needs nodes/proxy); "
+                               "see docs/measurement.md")
+    operator.add_argument("--kubelet-ca", metavar="FILE",
+                          help="direct: the CA of the kubelets' serving certificates (default: the API server's CA)")
+    operator.add_argument("--kubelet-insecure-skip-tls-verify", action="store_true",
+                          help="direct: do not verify the kubelets' serving certificates (self-signed ones)")
     operator.add_argument("--lease-duration", type=float, default=15.0, metavar="S", help=argparse.SUPPRESS)
     operator.add_argument("--renew-deadline", type=float, default=10.0, metavar="S", help=argparse.SUPPRESS)
     operator.add_argument("--retry-period", type=float, default=2.0, metavar="S", help=argparse.SUPPRESS)

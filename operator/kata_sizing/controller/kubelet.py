@@ -97,12 +97,10 @@ class DirectKubelets:
             ) as response:
                 body = await response.read()
                 status = response.status
-        except ssl.SSLCertVerificationError as exc:
-            raise KubeletError(None, f"{url}: the kubelet's certificate is not trusted ({exc.verify_message}): give "
-                                     "--kubelet-ca, sign kubelet certificates with the cluster CA (serverTLSBootstrap), "
-                                     "or use --kubelet-access apiserver") from None
-        except aiohttp.ClientConnectorCertificateError as exc:
-            raise KubeletError(None, f"{url}: the kubelet's certificate is not trusted ({exc.certificate_error}): give "
+        except (ssl.SSLCertVerificationError, aiohttp.ClientConnectorCertificateError) as exc:
+            # aiohttp's error is both; its reason is in certificate_error.
+            reason = getattr(getattr(exc, "certificate_error", exc), "verify_message", None) or str(exc)
+            raise KubeletError(None, f"{url}: the kubelet's certificate is not trusted ({reason}): give "
                                      "--kubelet-ca, sign kubelet certificates with the cluster CA (serverTLSBootstrap), "
                                      "or use --kubelet-access apiserver") from None
         except asyncio.TimeoutError:
@@ -122,3 +120,6 @@ class DirectKubelets:
         if self._session is not None:
             await self._session.close()
             self._session = None
+            # TLS connections finish closing a moment after the session does (aiohttp's
+            # "graceful shutdown" advice); a connection a timeout gave up on is one of them.
+            await asyncio.sleep(0.25)
