@@ -119,6 +119,7 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     # kata-sizing render against helm template of the kata-deploy chart (KATA_DEPLOY_CHART).
     "helm": _external("bench.helm_bench", "bench_helm"),
     "realserver": _external("bench.realserver_bench", "bench_realserver"),
+    "measurement": _external("bench.measurement_bench", "bench_measurement"),
 }
 
 

@@ -165,10 +165,11 @@ class NodeReading:
 def _uint(stats: object, key: str) -> int | None:
     """A uint64 field of a stats block; None when the block or the field is missing or not a
     non-negative integer (the kubelet omits fields the runtime does not report)."""
-    if not isinstance(stats, Mapping):
+    # dict, not Mapping: a parsed Summary holds dicts, and this runs for every pod and container.
+    if not isinstance(stats, dict):
         return None
     value = stats.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if type(value) is not int or value < 0:  # bool is not int here, nor is a float
         return None
     return value
 
@@ -184,9 +185,9 @@ def _containers_working_set(entry: Mapping, expected: tuple[str, ...]) -> tuple[
         containers = []
     if not isinstance(containers, list):
         return None, ["containers is not a list"]
-    latest: dict[str, tuple[str, Mapping]] = {}
+    latest: dict[str, tuple[str, dict]] = {}
     for container in containers:
-        if not isinstance(container, Mapping) or not isinstance(container.get("name"), str):
+        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
             return None, ["a container entry has no name"]
         name, started = container["name"], str(container.get("startTime") or "")
         # RFC 3339 times of one kubelet compare as text.
@@ -219,10 +220,10 @@ def read_summary(
     so a pod in neither is reported as unknown. Pods are matched by uid (a pod deleted and
     created again under its name is another pod); a podRef without uid is matched by name.
     Raises SummaryError when the document is not a Summary at all."""
-    if not isinstance(summary, Mapping):
+    if not isinstance(summary, dict):
         raise SummaryError(f"the Summary of node {node} is not a JSON object")
     problems = []
-    reported = (summary.get("node") or {}).get("nodeName") if isinstance(summary.get("node"), Mapping) else None
+    reported = summary["node"].get("nodeName") if isinstance(summary.get("node"), dict) else None
     if reported and reported != node:
         problems.append(f"the Summary is of node {reported}, not {node}")
     pods = summary.get("pods")
@@ -235,7 +236,7 @@ def read_summary(
     measurements, unknown = [], []
     unknown_count = other = 0
     for entry in pods:
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("podRef"), Mapping):
+        if not isinstance(entry, dict) or not isinstance(entry.get("podRef"), dict):
             problems.append("a pod entry has no podRef")
             continue
         ref = entry["podRef"]
@@ -485,16 +486,20 @@ class ClassWindow:
         overhead, headroom = measurement.overhead_bytes, measurement.headroom_bytes
         if overhead is None and headroom is None:
             return
-        self._expire(at)
-        slot = self.slots.setdefault(int(at // self.slot_s), _Slot())
+        index = int(at // self.slot_s)
+        slot = self.slots.get(index)
+        if slot is None:
+            self._expire(at)
+            slot = self.slots[index] = _Slot()
         slot.samples += 1
-        slot.last_at = at if slot.last_at is None else max(slot.last_at, at)
-        pod = measurement.pod.pod
+        if slot.last_at is None or at > slot.last_at:
+            slot.last_at = at
         if overhead is not None:
             slot.overhead.add(overhead)
-            slot.max_overhead = _higher(slot.max_overhead, Extreme(overhead, pod, node, at))
-        if headroom is not None:
-            slot.min_headroom = _lower(slot.min_headroom, Extreme(headroom, pod, node, at))
+            if slot.max_overhead is None or overhead > slot.max_overhead.value_bytes:
+                slot.max_overhead = Extreme(overhead, measurement.pod.pod, node, at)
+        if headroom is not None and (slot.min_headroom is None or headroom < slot.min_headroom.value_bytes):
+            slot.min_headroom = Extreme(headroom, measurement.pod.pod, node, at)
 
     def figures(self, now: float) -> ClassFigures:
         self._expire(now)
