@@ -13,7 +13,6 @@ Nothing here asserts; each figure is printed with its target.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import os
@@ -68,7 +67,8 @@ def _deep_size(root: object) -> int:
 
 def in_process(report: Report) -> None:
     from kata_sizing.core import bounded
-    from kata_sizing.core.measure import HeadroomThreshold, MeasurementState, kata_pod as measured_pod, read_summary
+    from kata_sizing.core.headroom import HeadroomThreshold
+    from kata_sizing.core.measure import MeasurementState, kata_pod as measured_pod, read_summary
 
     pods = _fleet_pods()
     bodies = {name: json.dumps(summary(name, on_node, lambda p: Figures(200 * MIB, 150 * MIB))).encode()

@@ -5,7 +5,6 @@ API server's node proxy."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml

@@ -13,7 +13,6 @@ import copy
 import json
 import math
 import random
-import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -21,8 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kata_sizing.core.headroom import HeadroomThreshold
 from kata_sizing.core.measure import (
-    ClassWindow, HeadroomThreshold, KataPod, MeasurementState, NodeReading, PodMeasurement, QuantileSketch,
+    ClassWindow, KataPod, MeasurementState, NodeReading, PodMeasurement, QuantileSketch,
     SummaryError, kata_pod, read_summary,
 )
 

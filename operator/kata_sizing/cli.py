@@ -531,7 +531,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _mib_text(size_bytes: int) -> str:
-    return f"{Decimal(size_bytes) / (1024 * 1024):.1f}Mi"
+    from .core.headroom import mib_text
+
+    return mib_text(size_bytes)
 
 
 def cmd_survey(args: argparse.Namespace) -> int:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from . import metrics
-from ..core.measure import HeadroomThreshold, KataPod, LowHeadroom, MeasurementState, SummaryError, read_summary
+from ..core.headroom import HeadroomThreshold, mib_text
+from ..core.measure import KataPod, LowHeadroom, MeasurementState, SummaryError, read_summary
 
 log = logging.getLogger("kata_sizing.measurement")
 
@@ -260,7 +261,7 @@ class MeasurementLoop:
                 self._event(policy, "Normal", "HeadroomRecovered",
                             f"pod {pod} (class {class_name}) on node {low.node}: "
                             + ("the pod is gone" if gone else
-                               f"headroom no longer under {low.threshold_bytes / 2**20:.1f}Mi ({policy.threshold_text})"))
+                               f"headroom no longer under {mib_text(low.threshold_bytes)} ({policy.threshold_text})"))
             self.announced[policy.name] = now
             self._bump(policy.name)
 

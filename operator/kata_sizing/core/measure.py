@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 
+from .headroom import HeadroomThreshold, mib_text
 from .podfit import PodInputError, PodLimits, pod_limits, pod_spec_of
-from .quantity import MIB, QuantityError, memory_bytes
+from .quantity import QuantityError, memory_bytes
 
 __all__ = [
     "ClassWindow",
@@ -275,44 +275,7 @@ def _measure(pod: KataPod, entry: Mapping) -> PodMeasurement:
     return PodMeasurement(pod, working_set, usage, containers, tuple(problems))
 
 
-# --- the threshold -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HeadroomThreshold:
-    """Under how much headroom a pod is close to an OOM kill: a fraction of its podFixed.memory
-    (the default, 10%) or a fixed number of bytes. A pod admitted without spec.overhead is held
-    to its class's podFixed (`class_pod_fixed_bytes`)."""
-
-    fraction: Decimal | None = Decimal("0.10")
-    fixed_bytes: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "HeadroomThreshold":
-        """`10%` (of podFixed.memory) or a memory quantity (`64Mi`); ValueError says why not."""
-        text = text.strip()
-        if text.endswith("%"):
-            try:
-                percent = Decimal(text[:-1])
-            except ArithmeticError:
-                raise ValueError(f"{text!r} is not a percentage such as 10%") from None
-            if not percent.is_finite() or not 0 <= percent <= 100:
-                raise ValueError(f"{text!r} must be between 0% and 100% of podFixed.memory")
-            return cls(fraction=percent / 100)
-        try:
-            return cls(fraction=None, fixed_bytes=memory_bytes(text))
-        except QuantityError as exc:
-            raise ValueError(f"{text!r} is neither a percentage (10%) nor a memory quantity (64Mi): {exc}") from None
-
-    def bytes_for(self, pod_fixed_bytes: int) -> int:
-        if self.fixed_bytes is not None:
-            return self.fixed_bytes
-        return int(math.ceil(Decimal(pod_fixed_bytes) * (self.fraction or 0)))
-
-    def describe(self) -> str:
-        if self.fixed_bytes is not None:
-            return _mib(self.fixed_bytes)
-        return f"{format(((self.fraction or 0) * 100).normalize(), 'f')}% of podFixed.memory"
+# --- pods under their threshold ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -331,13 +294,9 @@ class LowHeadroom:
 
     def message(self, class_name: str, threshold: HeadroomThreshold) -> str:
         return (f"pod {self.pod} (class {class_name}) on node {self.node}: working set "
-                f"{_mib(self.working_set_bytes)} of its cgroup limit {_mib(self.cgroup_limit_bytes)} leaves "
-                f"{_mib(self.headroom_bytes)}, under {_mib(self.threshold_bytes)} ({threshold.describe()}): "
+                f"{mib_text(self.working_set_bytes)} of its cgroup limit {mib_text(self.cgroup_limit_bytes)} leaves "
+                f"{mib_text(self.headroom_bytes)}, under {mib_text(self.threshold_bytes)} ({threshold.describe()}): "
                 "its VMM is close to an OOM kill")
-
-
-def _mib(size_bytes: int) -> str:
-    return f"{Decimal(size_bytes) / MIB:.1f}Mi"
 
 
 # --- the sketch --------------------------------------------------------------------------------

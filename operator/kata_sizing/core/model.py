@@ -28,6 +28,7 @@ import yaml
 
 from . import bounded, defaults
 from .defaults import Runtime
+from .headroom import HeadroomThreshold
 from .quantity import QuantityError, cpu_cores, memory_bytes
 
 GROUP = "katasizing.dev"
@@ -514,8 +515,6 @@ class Admission(_Model):
 
 
 def _check_headroom_warning(text: str) -> str:
-    from .measure import HeadroomThreshold  # the rule's one home; imported when a policy sets the field
-
     HeadroomThreshold.parse(text)
     return text
 
