@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import aiohttp.web
 
 MIB = 1024 * 1024
-TIME = "2026-12-03T10:00:00Z"
+TIME = "2026-12-03T10:00:00Z"  # when the figures were taken
+STARTED = "2026-12-03T09:00:00Z"  # when the pods and containers started
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def pod_stats(pod: dict, figures: Figures) -> dict:
     names = [c["name"] for c in spec.get("containers") or []]
     share = figures.containers_working_set_bytes // max(1, len(names))
     containers = [{
-        "name": name, "startTime": TIME,
+        "name": name, "startTime": STARTED,
         "cpu": {"time": TIME, "usageNanoCores": 1000000, "usageCoreNanoSeconds": 5000000000},
         "memory": _memory(share, share + MIB),
         "rootfs": {"time": TIME, "availableBytes": 10 * 2**30, "capacityBytes": 20 * 2**30, "usedBytes": 40960},
@@ -43,7 +44,7 @@ def pod_stats(pod: dict, figures: Figures) -> dict:
     working_set = share * len(names) + figures.overhead_bytes
     return {
         "podRef": {"name": meta["name"], "namespace": meta.get("namespace", "default"), "uid": meta["uid"]},
-        "startTime": TIME,
+        "startTime": STARTED,
         "containers": containers,
         "cpu": {"time": TIME, "usageNanoCores": 2000000, "usageCoreNanoSeconds": 9000000000},
         "memory": _memory(working_set, working_set + figures.usage_extra_bytes),

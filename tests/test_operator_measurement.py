@@ -62,6 +62,16 @@ class Fleet:
                 if node_name is None or PROXY.match(r.path).group(1) == node_name]
 
 
+def valid_status(emu, policy: str) -> dict:
+    """The policy's status, checked against the CRD's schema models (the API server would prune
+    a field they do not name)."""
+    from kata_sizing.core.model import KataSizingPolicyStatus
+
+    found = status(emu, policy)
+    KataSizingPolicyStatus.model_validate(found)
+    return found
+
+
 def measured_class(emu, policy: str, name: str) -> dict:
     for found in (status(emu, policy).get("measurement") or {}).get("classes") or []:
         if found["name"] == name:
@@ -116,7 +126,7 @@ def test_each_class_is_measured_and_written_to_status(cluster):
     assert s["podsUnderThreshold"] == 0 and s["lastMeasured"].endswith("Z")
     m = wait_for(lambda: measured_class(emu, "qemu-rs", "m").get("samples"), 10) and measured_class(emu, "qemu-rs", "m")
     assert m["overheadMaxBytes"] == 150 * MIB
-    section = status(emu, "qemu-rs")["measurement"]
+    section = valid_status(emu, "qemu-rs")["measurement"]
     assert (section["intervalSeconds"], section["windowSeconds"], section["nodes"]) == (15, 300, 2)
     # Only nodes running a pod of the policy's classes are read: n3 runs runc pods only.
     assert fleet.reads("n1") and fleet.reads("n2") and not fleet.reads("n3")
@@ -142,6 +152,7 @@ def test_a_pod_close_to_its_limit_raises_the_warning_and_it_clears(cluster):
                    f"{512 + s_fixed:.1f}Mi leaves 10.0Mi, under {s_fixed / 10:.1f}Mi (10% of podFixed.memory): its VMM "
                    "is close to an OOM kill"]
     listed = wait_for(lambda: status(emu, "qemu-rs")["measurement"]["underThreshold"], 20)
+    valid_status(emu, "qemu-rs")
     assert [(p["pod"], p["class"], p["headroomBytes"]) for p in listed] == [("fleet/s-0", "s", 10 * MIB)]
     assert metric("kata_sizing_pods_headroom_low", policy="qemu-rs", **{"class": "s"}) == 1
     assert metric("kata_sizing_pod_headroom_min_bytes", policy="qemu-rs", **{"class": "s"}) == 10 * MIB
@@ -169,6 +180,7 @@ def test_a_failing_node_is_skipped_and_said_without_holding_up_the_others(cluste
         status(emu, "qemu-rs").get("measurement") or {}), 20)
     assert section["nodes"] == 2
     [skipped] = section["skipped"]
+    valid_status(emu, "qemu-rs")
     assert skipped["node"] == "n2" and "kubelet failed" in skipped["reason"]
     wait_for(lambda: measured_class(emu, "qemu-rs", "s").get("samples", 0) >= 3, 20)
     assert measured_class(emu, "qemu-rs", "s")["podsMeasured"] == 1
@@ -213,6 +225,7 @@ def test_a_survey_in_a_configmap_is_proposed_in_status_and_never_applied(cluster
     cluster.create(body)
     wait_observed(emu, "qemu-rs", timeout=20, Ready="True")
     proposal = wait_for(lambda: status(emu, "qemu-rs").get("proposal"), 20)
+    valid_status(emu, "qemu-rs")
     assert proposal["source"] == "ConfigMap kata-sizing/qemu-rs-survey key survey.csv"
     assert proposal["rows"] == 4
     assert proposal["overhead"]["guestMemoryRatio"] == "0.0500"

@@ -211,7 +211,8 @@ NODE_EVICTION_HARD = "2Gi"
 # figures every 10 s, stretched up to 15 s when nothing changes ([kubelet-cadvisor]:
 # pkg/kubelet/cadvisor/cadvisor_linux.go, defaultHousekeepingInterval, maxHousekeepingInterval).
 MEASUREMENT_INTERVAL_S = 60
-MEASUREMENT_MIN_INTERVAL_S = 15
+KUBELET_MAX_REFRESH_S = 15
+MEASUREMENT_MIN_INTERVAL_S = KUBELET_MAX_REFRESH_S
 # [metrics-server]: --kubelet-request-timeout, 10 s by default.
 KUBELET_REQUEST_TIMEOUT_S = 10
 # Project choice: 60 readings of each node at the default interval; what changes shows within the hour.

@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
+from .defaults import KUBELET_MAX_REFRESH_S
 from .headroom import HeadroomThreshold, mib_text
 from .podfit import PodInputError, PodLimits, pod_limits, pod_spec_of
 from .quantity import QuantityError, memory_bytes
@@ -174,12 +176,29 @@ def _uint(stats: object, key: str) -> int | None:
     return value
 
 
-def _containers_working_set(entry: Mapping, expected: tuple[str, ...]) -> tuple[int | None, list[str]]:
-    """Sum of the containers' working sets, or None with the reason. A container listed twice
-    (the kubelet caught a restart between the old container's stats and the new one's) counts
-    once, its latest start; an expected container that is missing (restarting, not started)
-    makes the sum unknown: the pod's own figure still holds it or not, so the difference would
-    be wrong either way."""
+def _time(text: object) -> datetime | None:
+    """An RFC 3339 time of the Summary (metav1.Time: seconds, UTC), or None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _containers_working_set(entry: dict, expected: tuple[str, ...]) -> tuple[int | None, list[str]]:
+    """Sum of the containers' working sets, or None with the reason.
+
+    A container listed twice (the kubelet caught a restart between the old container's stats and
+    the new one's) counts once, its latest start; an expected container that is missing
+    (restarting, not started) makes the sum unknown: the pod's own figure still holds it or not,
+    so the difference would be wrong either way.
+
+    The pod's figure comes from cAdvisor, refreshed every 10 to 15 s; the containers' from the
+    runtime, fresh on every request. A pod figure taken less than KUBELET_MAX_REFRESH_S after a
+    container started may predate what that container allocated on start (the test node showed
+    the pod 66 MiB below its one container for the 15 s after its start), so the sum is not used
+    until the pod's figure is that much younger than the latest start."""
     containers = entry.get("containers")
     if containers is None:
         containers = []
@@ -204,6 +223,12 @@ def _containers_working_set(entry: Mapping, expected: tuple[str, ...]) -> tuple[
             problems.append(f"container {name} has no memory.workingSetBytes")
         else:
             total += working_set
+    if not problems and latest:
+        taken = _time((entry.get("memory") or {}).get("time"))
+        started = _time(max(started for started, _ in latest.values()))
+        if taken is not None and started is not None and (taken - started).total_seconds() < KUBELET_MAX_REFRESH_S:
+            problems.append(f"the pod's figure ({taken:%H:%M:%S}) is less than {KUBELET_MAX_REFRESH_S} s younger than "
+                            f"its latest container's start ({started:%H:%M:%S}): waiting for the kubelet's next one")
     return (None, problems) if problems else (total, [])
 
 

@@ -825,7 +825,8 @@ class ProposalStatus(_Status):
     rows: int = Field(default=0, description="Survey rows fitted.")
     overhead: dict[str, str] = Field(default_factory=dict, description="The spec.overhead fields to set.")
     classes: list[ProposedClass] = Field(default_factory=list, description="What they give per class.")
-    host_raised_mib: int = Field(default=0, description="MiB added to hostMemory so every measured pod fits.")
+    host_raised_mib: int = Field(
+        default=0, alias="hostRaisedMiB", description="MiB added to hostMemory so every measured pod fits.")
     notes: list[str] = Field(default_factory=list, description="What the fit says about the rows.")
     error: str | None = Field(default=None, description="Why there is no proposal (the survey unreadable or unfittable).")
 
