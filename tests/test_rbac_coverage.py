@@ -29,7 +29,7 @@ Triple = tuple[str, str, str]  # (apiGroup, resource, verb); "" is the core grou
 NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
     ("", "nodes/stats", "get"): "the measurement reads Summaries on each kubelet's own port and the kubelet, not the "
                                 "API server, asks whether the operator may (a SubjectAccessReview for get nodes/stats); "
-                                "tests/test_kubelet_access.py shows a kubelet answering 403 without it",
+                                "tests/test_real_measurement.py shows the real kubelet granting it and refusing it to a ServiceAccount without it",
     ("", "namespaces", "get"): "the routing webhook reads an opted-in namespace's label; this scenario runs no "
                                "webhook (tests/test_real_admission_operator.py exercises it on the real server)",
 }

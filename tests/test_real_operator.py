@@ -435,7 +435,10 @@ def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_
     granted = granted_permissions() | {
         (group, resource, verb) for (group, resource), verbs in LEADER_ELECTION_PERMISSIONS.items() for verb in verbs}
     assert used <= granted, f"used but not granted (impossible without a 403): {used - granted}"
-    assert granted - used == set(), f"granted but never used by the operator: {sorted(granted - used)}"
+    # The kubelets, not the API server, check this one (their SubjectAccessReviews are the
+    # kubelet's requests): tests/test_real_measurement.py shows a kubelet granting and refusing it.
+    kubelet_authorized = {("", "nodes/stats", "get")}
+    assert granted - used - kubelet_authorized == set(), f"granted but never used by the operator: {sorted(granted - used)}"
 
 
 def test_a_policy_deleted_while_its_timer_runs_is_released_promptly(control_plane, real_operator):

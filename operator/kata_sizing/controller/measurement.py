@@ -192,8 +192,9 @@ class MeasurementLoop:
                         due = self.next_due[node] = next_turn(node, interval, now)
                     if due > now:
                         continue
-                    # The next turn at the node's phase after now: a late loop skips turns, never doubles them.
-                    self.next_due[node] = next_turn(node, interval, max(now, due + interval * 0.5))
+                    # The next turn at the node's phase, at least half an interval after this read: a
+                    # loop running late reads late once and skips a turn rather than read twice in a row.
+                    self.next_due[node] = next_turn(node, interval, max(now, due) + interval * 0.5)
                     if node in self.in_flight:
                         continue  # still waiting for the last one (bounded by the read timeout)
                     self.in_flight.add(node)
