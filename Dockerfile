@@ -1,30 +1,39 @@
 # syntax=docker/dockerfile:1
-# Both stages use the same base so the venv's interpreter symlinks resolve in the final one.
-# Pinned by tag (readable) and by the digest of its multi-architecture index (reproducible;
-# the tag moves with every Debian update). To move it: `docker buildx imagetools inspect
-# python:3.11.14-slim-bookworm` and replace both lines.
-FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS builder
+# The published base, pinned by tag (readable) and by the digest of its multi-architecture
+# index (reproducible; the tag moves with every Debian update). To move it: `docker buildx
+# imagetools inspect python:3.11.14-slim-bookworm` and replace both defaults.
+# Both stages must have the same Python at the same path so the venv's interpreter symlinks
+# resolve in the final one. `make image` builds without a registry by passing local bases from
+# Debian's packages: BUILDER_BASE with python3-venv, BASE without it (docs/image.md).
+ARG BUILDER_BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+ARG BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+
+FROM ${BUILDER_BASE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
-RUN python -m venv /opt/kata-sizing
+RUN python3 -m venv /opt/kata-sizing
 COPY requirements.lock pyproject.toml README.md ./
 COPY operator/ operator/
 # requirements.lock pins every runtime and operator dependency; as constraints it keeps
 # them exact while the test-only pins in it are simply not installed. Then pip and
 # setuptools leave the venv: nothing in the image installs anything at run time.
+# The container runs with a read-only root and PYTHONDONTWRITEBYTECODE, so bytecode missing
+# from the image would be compiled again at every start: compile the whole venv here.
 RUN /opt/kata-sizing/bin/pip install --no-cache-dir \
         --constraint requirements.lock ".[operator]" \
-    && /opt/kata-sizing/bin/python -m pip uninstall --yes pip setuptools
+    && /opt/kata-sizing/bin/python -m pip uninstall --yes pip setuptools \
+    && /opt/kata-sizing/bin/python -m compileall -q -j 0 /opt/kata-sizing
 
-FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+FROM ${BASE}
 
 # Set by the build: docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD)
 # (VERSION's default is pyproject.toml's version; a test keeps them equal).
 ARG VERSION=0.1.0
 ARG REVISION=unknown
+ARG BASE
 
 LABEL org.opencontainers.image.title="kata-sizing" \
       org.opencontainers.image.description="Sizes Kata Containers RuntimeClasses from one KataSizingPolicy and keeps them in sync" \
@@ -32,12 +41,19 @@ LABEL org.opencontainers.image.title="kata-sizing" \
       org.opencontainers.image.source="https://github.com/kata-sizing/kata-sizing" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11.14-slim-bookworm"
+      org.opencontainers.image.base.name="${BASE}"
 
-# The base image's own pip goes too: the final image has no package installer.
+# No package installer in the final image: the base's pip, and the pip and setuptools wheels
+# that ensurepip (python:slim) or python3-venv (Debian) bundle for `python -m venv`.
+# The published python image ships its standard library without bytecode (docker-library/python
+# deletes every .pyc under /usr/local): compile it, since nothing can be written at run time.
 RUN rm -rf /usr/local/bin/pip /usr/local/bin/pip3 /usr/local/bin/pip3.11 \
         /usr/local/lib/python3.11/site-packages/pip \
-        /usr/local/lib/python3.11/site-packages/pip-*.dist-info
+        /usr/local/lib/python3.11/site-packages/pip-*.dist-info \
+        /usr/local/lib/python3.11/ensurepip/_bundled \
+        /usr/lib/python3.11/ensurepip/_bundled \
+        /usr/share/python-wheels \
+    && python3 -m compileall -q -j 0 "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"
 
 COPY --from=builder /opt/kata-sizing /opt/kata-sizing
 COPY templates/ /opt/kata-sizing/templates/

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test fuzz bench crds check-crds templates check-templates tools controlplane clean
+.PHONY: demo test fuzz bench crds check-crds templates check-templates tools controlplane image clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,14 @@ $(STAMP): requirements.lock pyproject.toml
 $(TOOLS)/kubectl: scripts/fetch-kubectl.sh | $(STAMP)
 	bash scripts/fetch-kubectl.sh $(TOOLS)
 
-tools: $(TOOLS)/kubectl
+# The CRDs of Flux, Argo CD, the Prometheus Operator and cert-manager at pinned versions, from
+# their Go module zips (hash-checked; Go's module cache is used when it holds them): the GitOps
+# examples and the chart's optional objects are created against them on the real control plane.
+CRDS := $(TOOLS)/crds/VERSIONS
+$(CRDS): scripts/fetch-crds.py
+	$(PYTHON) scripts/fetch-crds.py $(TOOLS)/crds
+
+tools: $(TOOLS)/kubectl $(CRDS)
 
 # The real control plane (etcd, kube-apiserver, garbage-collector and namespace controllers)
 # builds from the published Go modules pinned in tests/controlplane/go.sum. Go's module and
@@ -31,14 +38,32 @@ $(CONTROLPLANE): $(CONTROLPLANE_SRC)
 
 controlplane: $(CONTROLPLANE)
 
+# The operator's image, built from the Dockerfile without a registry (scripts/image/build.sh;
+# docs/image.md): an OCI archive that `podman load` and `ctr -n k8s.io images import` accept.
+# IMAGE_REF is the chart's default repository and appVersion (pyproject.toml's version).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE_REF := ghcr.io/kata-sizing/kata-sizing:$(VERSION)
+IMAGE_ARCHIVE := $(TOOLS)/images/kata-sizing.oci.tar
+IMAGE_SRC := Dockerfile .dockerignore requirements.lock pyproject.toml README.md \
+	$(shell find operator templates -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' 2>/dev/null) \
+	$(filter-out scripts/image/install-debs.sh,$(wildcard scripts/image/*))
+$(IMAGE_ARCHIVE): $(IMAGE_SRC)
+	bash scripts/image/install-debs.sh
+	bash scripts/image/build.sh $(IMAGE_REF) $(CURDIR)/$(IMAGE_ARCHIVE)
+
+image: $(IMAGE_ARCHIVE)
+
 demo: $(STAMP)
 	bash scripts/demo.sh
 
 # Without Go the real-server tests skip with one line saying why (CI sets
-# KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure).
-test: $(STAMP) $(TOOLS)/kubectl
+# KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure); likewise the image
+# tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1).
+test: $(STAMP) $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory controlplane; \
 	else echo "go not found: the real control plane is not built and its tests will skip"; fi
+	@if bash scripts/image/install-debs.sh; then $(MAKE) --no-print-directory image; \
+	else echo "the image is not built (see the line above) and its tests will skip"; fi
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q
 
 # The property and hostile-input tests of tests/test_fuzz.py with a larger budget than

@@ -119,6 +119,8 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     # kata-sizing render against helm template of the kata-deploy chart (KATA_DEPLOY_CHART).
     "helm": _external("bench.helm_bench", "bench_helm"),
     "realserver": _external("bench.realserver_bench", "bench_realserver"),
+    # The operator's image (`make image`): start-up in it, with and without bytecode.
+    "image": _external("bench.image_bench", "bench_image"),
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
 }
 

@@ -5,6 +5,7 @@ renders is valid for Kubernetes, it installs the same objects as `kubectl apply 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -265,18 +266,158 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
 
 
 @pytest.mark.parametrize("values, message", [
-    (["--set", "replicas=0"], "replicas: at least 1"),
-    (["--set", "measurement.kubeletAccess=proxy"], 'measurement.kubeletAccess: "proxy" is not direct or apiserver'),
-    (["--set", "logFormat=xml"], '"xml" is not text or json'),
+    # values.schema.json: each value's own type and range, named by its path.
+    (["--set", "replcas=3"], "additional properties 'replcas' not allowed"),
+    (["--set", "replicas=0"], "at '/replicas': minimum: got 0, want 1"),
+    (["--set", "logFormat=xml"], "at '/logFormat'"),
+    (["--set", "metrics.port=0"], "at '/metrics/port': minimum: got 0, want 1"),
+    (["--set", "metrics.serviceMonitor.interval=30 seconds"], "at '/metrics/serviceMonitor/interval'"),
+    (["--set", "webhook.timeoutSeconds=60"], "at '/webhook/timeoutSeconds': maximum: got 60, want 30"),
+    (["--set", "webhook.failurePolicy=fail"], "at '/webhook/failurePolicy'"),
+    (["--set", "webhook.certManager.issuerRef.nmae=ca"], "additional properties 'nmae' not allowed"),
+    (["--set", "image.digest=sha256:abc"], "at '/image/digest'"),
+    (["--set-string", "replicas=2"], "at '/replicas': got string, want integer"),
+    (["--set", "measurement.kubeletAccess=proxy"], "at '/measurement/kubeletAccess'"),
+    (["--set-string", "measurement.kubeletInsecureSkipTLSVerify=yes"], "at '/measurement/kubeletInsecureSkipTLSVerify'"),
+    # The templates: rules across values.
     (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false"],
      "webhook.caBundle is required"),
     (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false", "--set",
       "webhook.caBundle=Zm9v"], "webhook.tlsSecretName is required"),
-])
+    (["--set", "webhook.enabled=true", "--set", "replicas=1"],
+     "replicas: at least 2 with webhook.failurePolicy Fail"),
+], ids=lambda v: v if isinstance(v, str) else " ".join(v[1::2]))
 def test_bad_values_fail_with_a_message_naming_the_value(helm: str, values: list[str], message: str) -> None:
     result = run_helm(helm, "template", RELEASE, str(CHART), *values)
     assert result.returncode != 0
     assert message in result.stderr
+    assert "panic" not in result.stderr
+
+
+def test_helm_lint_refuses_what_install_would_refuse(helm: str) -> None:
+    """Before the schema, a misspelt key was silently dropped and a port of 0 passed lint."""
+    for values in (["--set", "replcas=3"], ["--set", "healthPort=0"]):
+        result = run_helm(helm, "lint", "--strict", str(CHART), *values)
+        assert result.returncode != 0, values
+        assert "don't meet the specifications of the schema" in result.stdout + result.stderr
+
+
+def test_every_default_value_has_a_schema() -> None:
+    """additionalProperties: false wherever the chart owns the keys, and every key of values.yaml
+    declared: the schema and values.yaml cannot drift apart."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: object, node: dict, path: str) -> None:
+        node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]] if "$ref" in node else node
+        if isinstance(value, dict) and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path or '/'} admits any key"
+            for key, inner in value.items():
+                assert key in node["properties"], f"{path}/{key} is not in values.schema.json"
+                walk(inner, node["properties"][key], f"{path}/{key}")
+
+    walk(values, schema, "")
+
+
+# --- replicas: spreading and the disruption budget --------------------------------------------
+
+
+def test_two_replicas_spread_over_nodes_and_drain_one_at_a_time(default_objects: list[dict]) -> None:
+    deployment = one(default_objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    [spread] = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    # ScheduleAnyway: a one-node cluster still runs both replicas.
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    budget = one(default_objects, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_one_replica_has_no_budget_that_would_block_a_drain(helm: str) -> None:
+    objects = template(helm, "--set", "replicas=1")
+    assert "PodDisruptionBudget" not in {o["kind"] for o in objects}
+    assert "topologySpreadConstraints" not in one(objects, "Deployment")["spec"]["template"]["spec"]
+    # A webhook that lets unchecked policies through may run on one replica.
+    template(helm, "--set", "replicas=1", "--set", "webhook.enabled=true", "--set", "webhook.failurePolicy=Ignore")
+
+
+def test_own_spreading_replaces_the_default(helm: str) -> None:
+    zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "kata-sizing"}}}
+    values = {"topologySpreadConstraints": [zone]}
+    objects = template(helm, "--set-json", f"topologySpreadConstraints={json.dumps(values['topologySpreadConstraints'])}")
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["topologySpreadConstraints"] == [zone]
+
+
+# --- alerts -------------------------------------------------------------------------------------
+
+
+def alerts(objects: list[dict]) -> dict[str, dict]:
+    return {r["alert"]: r for g in one(objects, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+
+
+def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
+    from tests.test_docs import anchors
+
+    rules = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))
+    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady"}
+    sections = anchors((ROOT / "docs" / "operation.md").read_text())
+    for name, rule in rules.items():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "https://github.com/kata-sizing/kata-sizing/blob/v0.1.0/docs/operation.md"
+        assert anchor == name.lower() and anchor in sections, url
+    moved = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true",
+                            "--set", "metrics.prometheusRule.runbookBaseURL=https://wiki.example/kata-sizing"))
+    assert {r["annotations"]["runbook_url"] for r in moved.values()} == {
+        f"https://wiki.example/kata-sizing#{name.lower()}" for name in rules}
+
+
+def test_the_operator_down_alert_looks_for_a_gauge_every_running_replica_exports(helm: str) -> None:
+    rule = alerts(template(helm, "--namespace", "ops", "--set", "metrics.prometheusRule.enabled=true"))[
+        "KataSizingOperatorDown"]
+    assert rule["expr"] == 'absent(kata_sizing_informer_objects{namespace="ops"})'
+    assert "kata_sizing_informer_objects" in {m.name for m in metrics.REGISTRY.collect()}
+
+
+# --- what Go reads ------------------------------------------------------------------------------
+
+
+def test_names_and_values_go_yaml_would_misread_stay_strings(helm: str) -> None:
+    """A release `y` in namespace `n`, and values such as `on` or `yes`: kubectl (go-yaml, YAML 1.1)
+    reads every object exactly as PyYAML does, each such string a string."""
+    kubectl = find_tool("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not at .tools/kubectl nor on PATH (run `make tools`)")
+    result = run_helm(helm, "template", "y", str(CHART), "--namespace", "n", *EVERYTHING_ON,
+                      "--set", "serviceAccount.name=on", "--set", "priorityClassName=yes",
+                      "--set", "metrics.prometheusRule.severity=off", "--set", "image.tag=1e3",
+                      "--set", "metrics.serviceMonitor.labels.release=y")
+    assert result.returncode == 0, result.stderr
+    # kubectl's local mode decodes each object as the API server would (go-yaml, YAML 1.1: a
+    # bare y, n, on, yes or 1e3 is no string), needs no server, and prints what it read.
+    read_by_go = subprocess.run(
+        [kubectl, "label", "--local", "-f", "-", "-o", "json", "kata-sizing.test/read=go"],
+        input=result.stdout, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "KUBECONFIG": os.devnull})
+    assert read_by_go.returncode == 0, read_by_go.stderr
+    go_objects, decoder, text = [], json.JSONDecoder(), read_by_go.stdout.strip()
+    while text:
+        obj, end = decoder.raw_decode(text)
+        del obj["metadata"]["labels"]["kata-sizing.test/read"]
+        go_objects.append(obj)
+        text = text[end:].strip()
+    py_objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    assert by_key(go_objects) == by_key(py_objects)
+    deployment = one(go_objects, "Deployment")
+    assert deployment["metadata"]["namespace"] == "n"
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/instance"] == "y"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "on"
+    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "yes"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1e3")
+    assert {r["labels"]["severity"] for r in alerts(go_objects).values()} == {"off"}
 
 
 def test_aggregated_roles_can_be_turned_off(helm: str) -> None:

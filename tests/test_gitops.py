@@ -1,8 +1,11 @@
-"""The GitOps paths of examples/gitops/: a Flux HelmRelease that takes the operator's values
-ConfigMap with valuesFrom, Argo CD Applications with the overlay committed by
-`kata-sizing render --values-only`. kubernetes-validate has no Flux or Argo CD schemas, so the
-keys those controllers act on are checked against what the operator and the CLI really
-produce, and the operator chart's values against the real helm."""
+"""The GitOps paths of examples/gitops/ as Flux and Argo CD would take them from an empty
+cluster: Flux Kustomizations applying the operator, then the policies (dependsOn), and
+kata-deploy from an OCIRepository with the operator's values ConfigMap (valuesFrom); an Argo CD
+app of apps with sync waves, the overlay committed by `kata-sizing render --values-only`, and
+health checks in Lua, run here as Argo CD runs them. The keys these controllers act on are
+checked against what the operator and the CLI produce; tests/test_gitops_real.py checks every
+object against Flux's, Argo CD's, the Prometheus Operator's and cert-manager's real CRDs on the
+real API server."""
 
 from __future__ import annotations
 
@@ -16,20 +19,34 @@ import yaml
 
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.render import FLUX_WATCH_LABEL, VALUES_KEY, render_policy
+from tests.argocd_health import HEALTH, health
 from tests.test_chart import CHART, find_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 GITOPS = ROOT / "examples" / "gitops"
+FLUX, ARGOCD = GITOPS / "flux", GITOPS / "argocd"
+POLICY = GITOPS / "policies" / "qemu-rs.yaml"
 CLI = [sys.executable, "-m", "kata_sizing.cli"]
+# Namespaces a cluster has before anything of kata-sizing is applied: Kubernetes' own, and the
+# one Flux's or Argo CD's install creates.
+EMPTY_CLUSTER_NAMESPACES = {"default", "kube-system", "flux-system", "argocd"}
+NOT_OBJECTS = {"values", "health"}  # Helm values and Lua, beside the objects
 
 
 def documents(path: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def find(path: Path, kind: str, name: str | None = None) -> dict:
-    (found,) = [d for d in documents(path) if d["kind"] == kind and name in (None, d["metadata"]["name"])]
-    return found
+def objects(directory: Path) -> list[dict]:
+    """Every object of the YAML files under `directory`, as Flux's generated kustomization or
+    an Argo CD directory source would read them."""
+    return [doc for path in sorted(directory.rglob("*.yaml")) if not NOT_OBJECTS & set(path.parts)
+            for doc in documents(path)]
+
+
+def find(found: list[dict], kind: str, name: str | None = None) -> dict:
+    (match,) = [d for d in found if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    return match
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,29 +55,73 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def policy():
-    return parse_policy(documents(GITOPS / "policy.yaml")[0])
+    return parse_policy(documents(POLICY)[0])
 
 
 def test_every_example_is_a_kubernetes_object() -> None:
-    paths = sorted(GITOPS.rglob("*.yaml"))
-    assert len(paths) >= 5
-    for path in paths:
-        if path.parent.name == "values":
-            continue  # Helm values, not objects
-        for doc in documents(path):
-            assert {"apiVersion", "kind", "metadata"} <= set(doc), path
-            assert doc["metadata"].get("name"), path
+    found = objects(GITOPS)
+    assert len(found) >= 12
+    for doc in found:
+        assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
+        assert doc["metadata"].get("name"), doc
 
 
 def test_the_policy_is_valid_and_lets_the_chart_own_the_runtime_classes(policy) -> None:
-    result = run_cli("validate", str(GITOPS / "policy.yaml"))
+    result = run_cli("validate", str(POLICY))
     assert result.returncode == 0, result.stderr
     # With the chart installing the overlay, the chart must create the RuntimeClasses.
     assert policy.spec.runtime_class.managed_by == "KataDeploy"
 
 
+# --- Flux ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kustomizations() -> dict[str, dict]:
+    return {k["metadata"]["name"]: k for k in documents(FLUX / "kustomizations.yaml") if k["kind"] == "Kustomization"}
+
+
+def test_flux_applies_the_operator_then_the_policies_then_kata_deploy_from_git(kustomizations) -> None:
+    assert set(kustomizations) == {"kata-sizing", "kata-sizing-policies", "kata-deploy"}
+    source = find(documents(FLUX / "kustomizations.yaml"), "GitRepository")
+    applied = {}
+    for name, kustomization in kustomizations.items():
+        spec = kustomization["spec"]
+        assert spec["sourceRef"] == {"kind": "GitRepository", "name": source["metadata"]["name"]}
+        assert kustomization["metadata"]["namespace"] == source["metadata"]["namespace"] == "flux-system"
+        path = ROOT / spec["path"]
+        assert path.is_dir() and spec["path"].startswith("./"), spec["path"]
+        applied[name] = {o["kind"] for o in objects(path)}
+    assert applied == {"kata-sizing": {"HelmRelease"}, "kata-sizing-policies": {"KataSizingPolicy"},
+                       "kata-deploy": {"OCIRepository", "HelmRelease"}}
+    # The policies wait for the operator's Kustomization to be Ready, which with wait: true
+    # means its HelmRelease is: the CRD installed, the operator rolled out.
+    assert kustomizations["kata-sizing-policies"]["spec"]["dependsOn"] == [{"name": "kata-sizing"}]
+    assert kustomizations["kata-sizing"]["spec"]["wait"] is True
+    # kata-deploy must not wait for the policies' health: a KataDeploy policy is Ready only
+    # after kata-deploy has created its classes.
+    assert "dependsOn" not in kustomizations["kata-deploy"]["spec"]
+
+
+def test_flux_objects_sit_in_namespaces_an_empty_cluster_has(kustomizations) -> None:
+    """The defect this replaces: a HelmRelease in the namespace its own createNamespace was to create."""
+    for path in [FLUX / "kustomizations.yaml", *(ROOT / k["spec"]["path"] for k in kustomizations.values())]:
+        for obj in objects(path) if path.is_dir() else documents(path):
+            namespace = obj["metadata"].get("namespace")
+            if obj["kind"] == "KataSizingPolicy":
+                assert namespace is None  # cluster-scoped
+            else:
+                assert namespace in EMPTY_CLUSTER_NAMESPACES, f"{obj['kind']} {obj['metadata']['name']} in {namespace}"
+    operator = find(objects(FLUX / "operator"), "HelmRelease")
+    assert operator["spec"]["targetNamespace"] == "kata-sizing" != operator["metadata"]["namespace"]
+    assert operator["spec"]["install"]["createNamespace"] is True
+    # The release keeps the plain name, so its objects are named as manifests/ names them.
+    assert operator["spec"]["releaseName"] == "kata-sizing"
+    assert operator["spec"]["chart"]["spec"]["sourceRef"] == {"kind": "GitRepository", "name": "kata-sizing"}
+
+
 def test_flux_values_from_names_the_configmap_the_operator_writes(policy) -> None:
-    release = find(GITOPS / "flux" / "kata-deploy.yaml", "HelmRelease")
+    release = find(objects(FLUX / "kata-deploy"), "HelmRelease")
     assert release["apiVersion"] == "helm.toolkit.fluxcd.io/v2"
     [ref] = release["spec"]["valuesFrom"]
     values_cm = render_policy(policy).configmaps[0]
@@ -73,51 +134,140 @@ def test_flux_values_from_names_the_configmap_the_operator_writes(policy) -> Non
     assert values_cm["metadata"]["labels"][FLUX_WATCH_LABEL] == "Enabled"
 
 
-def test_flux_kata_deploy_comes_from_the_oci_chart_repository() -> None:
-    path = GITOPS / "flux" / "kata-deploy.yaml"
-    release, repository = find(path, "HelmRelease"), find(path, "HelmRepository")
-    chart = release["spec"]["chart"]["spec"]
-    assert chart["chart"] == "kata-deploy"
-    assert chart["sourceRef"] == {"kind": "HelmRepository", "name": repository["metadata"]["name"]}
+def test_flux_kata_deploy_comes_from_an_oci_repository() -> None:
+    found = objects(FLUX / "kata-deploy")
+    release, repository = find(found, "HelmRelease"), find(found, "OCIRepository")
+    # chartRef to an OCIRepository, not a HelmRepository of type oci (deprecated by Flux).
+    assert "chart" not in release["spec"]
+    assert release["spec"]["chartRef"] == {"kind": "OCIRepository", "name": repository["metadata"]["name"]}
     assert repository["metadata"]["namespace"] == release["metadata"]["namespace"]
-    assert repository["spec"]["type"] == "oci"
-    assert repository["spec"]["url"] == "oci://ghcr.io/kata-containers/kata-deploy-charts"
+    assert repository["spec"]["url"] == "oci://ghcr.io/kata-containers/kata-deploy-charts/kata-deploy"
+    assert repository["spec"]["layerSelector"]["mediaType"] == "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+    assert not any(o["kind"] == "HelmRepository" for o in objects(GITOPS))
     assert release["spec"]["interval"]
 
 
-def test_argo_cd_commits_exactly_what_values_only_renders() -> None:
-    committed = GITOPS / "argocd" / "values" / "kata-sizing-values.yaml"
-    result = run_cli("render", str(GITOPS / "policy.yaml"), "--values-only")
+# --- Argo CD ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def applications() -> dict[str, dict]:
+    return {a["metadata"]["name"]: a for a in objects(ARGOCD / "apps")}
+
+
+def wave(application: dict) -> int:
+    return int(application["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"])
+
+
+def test_argo_cd_root_application_syncs_the_apps_in_waves(applications) -> None:
+    root = find(documents(ARGOCD / "root.yaml"), "Application")
+    assert ROOT / root["spec"]["source"]["path"] == ARGOCD / "apps"
+    assert {a["kind"] for a in applications.values()} == {"Application"}
+    assert set(applications) == {"kata-sizing", "kata-deploy", "kata-sizing-policies"}
+    for application in applications.values():
+        assert application["metadata"]["namespace"] == root["metadata"]["namespace"] == "argocd"
+    policies = applications["kata-sizing-policies"]
+    # The operator (the CRD) and kata-deploy (the RuntimeClasses) before the policies.
+    assert wave(applications["kata-sizing"]) < wave(policies)
+    assert wave(applications["kata-deploy"]) < wave(policies)
+    assert ROOT / policies["spec"]["source"]["path"] == POLICY.parent
+    retry = policies["spec"]["syncPolicy"]["retry"]
+    assert retry["limit"] >= 3 and retry["backoff"]["duration"]
+
+
+def test_argo_cd_commits_exactly_what_values_only_renders(applications) -> None:
+    committed = ARGOCD / "values" / "kata-sizing-values.yaml"
+    result = run_cli("render", str(POLICY), "--values-only")
     assert result.returncode == 0, result.stderr
     assert committed.read_text() == result.stdout, (
-        "stale: kata-sizing render examples/gitops/policy.yaml --values-only > " + str(committed.relative_to(ROOT)))
-    app = find(GITOPS / "argocd" / "kata-deploy.yaml", "Application", "kata-deploy")
+        f"stale: kata-sizing render {POLICY.relative_to(ROOT)} --values-only > {committed.relative_to(ROOT)}")
+    app = applications["kata-deploy"]
     chart_source, values_source = app["spec"]["sources"]
     [value_file] = chart_source["helm"]["valueFiles"]
     assert value_file == f"${values_source['ref']}/{committed.relative_to(ROOT)}"
     assert chart_source["chart"] == "kata-deploy"
-    # Argo CD's OCI Helm sources name the registry without the oci:// scheme.
+    # Argo CD's OCI Helm sources name the registry without the oci:// scheme, and the
+    # registry is declared as a helm repository with OCI enabled.
     assert chart_source["repoURL"] == "ghcr.io/kata-containers/kata-deploy-charts"
-    # The policy Application syncs before kata-deploy's.
-    policies = find(GITOPS / "argocd" / "kata-deploy.yaml", "Application", "kata-sizing-policies")
-    wave = lambda a: int(a["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"])  # noqa: E731
-    operator = find(GITOPS / "argocd" / "kata-sizing.yaml", "Application")
-    assert wave(operator) < wave(policies) < wave(app)
-    assert (ROOT / policies["spec"]["source"]["path"] / policies["spec"]["source"]["directory"]["include"]).exists()
+    repository = find(documents(ARGOCD / "root.yaml"), "Secret")
+    assert repository["metadata"]["labels"]["argocd.argoproj.io/secret-type"] == "repository"
+    assert repository["stringData"] | {"name": None} == {
+        "name": None, "type": "helm", "url": chart_source["repoURL"], "enableOCI": "true"}
+
+
+def test_argocd_cm_carries_the_health_checks_verbatim() -> None:
+    config = find(documents(ARGOCD / "argocd-cm.yaml"), "ConfigMap")
+    assert config["metadata"] == {"name": "argocd-cm", "namespace": "argocd"}
+    assert config["data"] == {
+        "resource.customizations.health.katasizing.dev_KataSizingPolicy": (HEALTH / "katasizingpolicy.lua").read_text(),
+        "resource.customizations.health.argoproj.io_Application": (HEALTH / "application.lua").read_text(),
+    }
+
+
+def test_the_docs_show_the_health_check_argo_cd_runs() -> None:
+    gitops = (ROOT / "docs" / "gitops.md").read_text()
+    assert f"```lua\n{(HEALTH / 'katasizingpolicy.lua').read_text()}```" in gitops
+
+
+# What the operator writes (conditions as tests/test_gitops_real.py reads them from the real API
+# server, abridged); a policy before its first pass has no status at all.
+def policy_with(generation: int, observed: int | None, ready: tuple[str, str, str] | None) -> dict:
+    obj = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy",
+           "metadata": {"name": "qemu-rs", "generation": generation}, "spec": {"shim": "qemu-runtime-rs"}}
+    if observed is not None:
+        conditions = [{"type": "Valid", "status": "True", "reason": "PolicyValid", "message": "all sizing rules hold"}]
+        if ready:
+            conditions.append({"type": "Ready", "status": ready[0], "reason": ready[1], "message": ready[2]})
+        obj["status"] = {"observedGeneration": observed, "conditions": conditions}
+    return obj
+
+
+@pytest.mark.parametrize("obj, expected", [
+    (policy_with(1, None, None), ("Progressing", "waiting for the kata-sizing operator")),
+    (policy_with(3, 2, ("True", "InSync", "")),
+     ("Progressing", "waiting for the kata-sizing operator to reconcile generation 3")),
+    (policy_with(2, 2, None), ("Progressing", "waiting for the kata-sizing operator")),
+    (policy_with(2, 2, ("True", "InSync", "")), ("Healthy", "InSync")),
+    (policy_with(2, 2, ("False", "PolicyInvalid", "the policy is invalid")),
+     ("Degraded", "PolicyInvalid: the policy is invalid")),
+    (policy_with(2, 2, ("False", "RuntimeClassMissing", "kata-deploy has not created RuntimeClass kata-qemu-rs-s")),
+     ("Progressing", "RuntimeClassMissing: kata-deploy has not created RuntimeClass kata-qemu-rs-s")),
+    (policy_with(2, 2, ("Unknown", "Pending", "")), ("Progressing", "Pending")),
+], ids=["no-status", "older-generation", "no-ready", "ready", "invalid", "waiting-for-kata-deploy", "unknown"])
+def test_the_policy_health_check_maps_ready_to_argo_cd_health(obj: dict, expected: tuple[str, str]) -> None:
+    result = health(HEALTH / "katasizingpolicy.lua", obj)
+    assert (result["status"], result["message"]) == expected
+
+
+@pytest.mark.parametrize("status, expected", [
+    (None, ("Progressing", "")),
+    ({"health": {"status": "Healthy"}}, ("Healthy", "")),
+    ({"health": {"status": "Degraded", "message": "KataSizingPolicy qemu-rs: PolicyInvalid"}},
+     ("Degraded", "KataSizingPolicy qemu-rs: PolicyInvalid")),
+])
+def test_the_application_health_check_passes_the_childs_health_up(status, expected) -> None:
+    obj = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": "x"}}
+    if status is not None:
+        obj["status"] = status
+    result = health(HEALTH / "application.lua", obj)
+    assert (result["status"], result["message"]) == expected
+
+
+# --- the operator's chart as the examples install it ------------------------------------------
 
 
 @pytest.mark.parametrize("path, kind", [
-    (GITOPS / "flux" / "kata-sizing.yaml", "HelmRelease"),
-    (GITOPS / "argocd" / "kata-sizing.yaml", "Application"),
+    (FLUX / "operator" / "kata-sizing.yaml", "HelmRelease"),
+    (ARGOCD / "apps" / "kata-sizing.yaml", "Application"),
 ])
 def test_the_operator_chart_renders_with_the_examples_values(tmp_path: Path, path: Path, kind: str) -> None:
     helm = find_tool("helm")
     if helm is None:
         pytest.skip("helm not at .tools/helm nor on PATH (run `make tools`)")
-    obj = find(path, kind)
+    obj = find(documents(path), kind)
     if kind == "HelmRelease":
         assert obj["spec"]["chart"]["spec"]["chart"] == "./charts/kata-sizing"
-        values, namespace = obj["spec"]["values"], obj["metadata"]["namespace"]
+        values, namespace = obj["spec"]["values"], obj["spec"]["targetNamespace"]
     else:
         assert obj["spec"]["source"]["path"] == "charts/kata-sizing"
         values, namespace = obj["spec"]["source"]["helm"]["valuesObject"], obj["spec"]["destination"]["namespace"]
@@ -134,7 +284,7 @@ def test_the_operator_chart_renders_with_the_examples_values(tmp_path: Path, pat
 
 
 def test_values_only_prints_the_overlay_the_configmap_holds(policy) -> None:
-    result = run_cli("render", str(GITOPS / "policy.yaml"), "--values-only")
+    result = run_cli("render", str(POLICY), "--values-only")
     assert result.returncode == 0, result.stderr
     assert result.stdout == render_policy(policy).values_yaml
     assert result.stderr == ""  # no note about RuntimeClasses: none are printed anyway

@@ -42,6 +42,7 @@ EXPECTED_KINDS = Counter(
         "Role": 1,
         "RoleBinding": 1,
         "Deployment": 1,
+        "PodDisruptionBudget": 1,  # two replicas, drained one at a time
         "Service": 1,  # /metrics
         "CustomResourceDefinition": 1,
     }
@@ -464,15 +465,20 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_base_images_are_pinned_and_identical() -> None:
-    bases = [rest.split()[0] for keyword, rest in dockerfile_instructions() if keyword == "FROM"]
-    assert len(bases) == 2, "builder and final stage"
+    """Both stages come from build arguments (`make image` passes local bases) whose defaults
+    are the published python image, pinned by digest and the same for both stages."""
+    instructions = dockerfile_instructions()
+    bases = [rest.split()[0] for keyword, rest in instructions if keyword == "FROM"]
+    assert bases == ["${BUILDER_BASE}", "${BASE}"], "builder and final stage"
+    first_from = next(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    defaults = dict(rest.split("=", 1) for keyword, rest in instructions[:first_from] if keyword == "ARG")
     # The venv copied from the builder links to the base image's interpreter.
-    assert bases[0] == bases[1]
-    reference, _, digest = bases[0].partition("@")
+    assert defaults["BUILDER_BASE"] == defaults["BASE"]
+    reference, _, digest = defaults["BASE"].partition("@")
     image, _, tag = reference.partition(":")
-    assert image == "python"
+    assert image == "docker.io/library/python"  # fully qualified: it is the base.name label too
     assert re.fullmatch(r"3\.11\.\d+-slim(-\w+)?", tag), tag
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{bases[0]} is not pinned by digest"
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{defaults['BASE']} is not pinned by digest"
 
 
 def dockerfile_labels() -> dict[str, str]:
@@ -485,7 +491,8 @@ def dockerfile_labels() -> dict[str, str]:
 
 def test_dockerfile_labels_say_source_revision_and_version() -> None:
     labels = dockerfile_labels()
-    args = dict(rest.split("=", 1) for keyword, rest in dockerfile_instructions() if keyword == "ARG")
+    args = {name: default for keyword, rest in dockerfile_instructions() if keyword == "ARG"
+            for name, _, default in [rest.partition("=")]}
     with (ROOT / "pyproject.toml").open("rb") as stream:
         version = tomllib.load(stream)["project"]["version"]
     assert labels["org.opencontainers.image.version"] == "${VERSION}" and args["VERSION"] == version
