@@ -362,7 +362,8 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
     from tests.test_docs import anchors
 
     rules = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))
-    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady"}
+    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady",
+                          "KataSizingPodHeadroomLow"}
     sections = anchors((ROOT / "docs" / "operation.md").read_text())
     for name, rule in rules.items():
         url = rule["annotations"]["runbook_url"]
@@ -373,6 +374,13 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
                             "--set", "metrics.prometheusRule.runbookBaseURL=https://wiki.example/kata-sizing"))
     assert {r["annotations"]["runbook_url"] for r in moved.values()} == {
         f"https://wiki.example/kata-sizing#{name.lower()}" for name in rules}
+
+
+def test_the_headroom_alert_reads_the_gauge_the_measurement_exports(helm: str) -> None:
+    rule = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))["KataSizingPodHeadroomLow"]
+    assert rule["expr"] == "sum by (policy, class) (kata_sizing_pods_headroom_low) > 0"
+    assert "{{ $labels.policy }}" in rule["annotations"]["summary"]  # left for Prometheus to fill in
+    assert "kata_sizing_pods_headroom_low" in {m.name for m in metrics.REGISTRY.collect()}
 
 
 def test_the_operator_down_alert_looks_for_a_gauge_every_running_replica_exports(helm: str) -> None:
