@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test fuzz bench crds check-crds templates check-templates tools controlplane image clean
+.PHONY: demo test fuzz bench crds check-crds templates check-templates tools controlplane node image clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,16 +27,47 @@ $(CRDS): scripts/fetch-crds.py
 
 tools: $(TOOLS)/kubectl $(CRDS)
 
-# The real control plane (etcd, kube-apiserver, garbage-collector and namespace controllers)
-# builds from the published Go modules pinned in tests/controlplane/go.sum. Go's module and
-# build caches make a second build take seconds; a cold one takes about 6 minutes on 2 cores.
+# The real control plane (etcd, kube-apiserver, kube-controller-manager) and the node's
+# kubelet, kube-scheduler and kube-proxy, one multi-call binary built from the published Go
+# modules pinned in tests/controlplane/go.sum. The version is stamped as upstream's
+# hack/lib/version.sh does, from the pinned k8s.io/kubernetes release and its publication
+# time (the module proxy carries no git commit, so, as upstream without one, gitCommit and
+# gitTreeState stay unset): `kubectl version` and helm's kubeVersion checks see v1.37.2.
+# Go's module and build caches make a second build take about a minute (the link); a cold
+# one takes about 12 minutes on 2 cores (figures in docs/testing.md).
 CONTROLPLANE := $(TOOLS)/controlplane
 CONTROLPLANE_SRC := $(wildcard tests/controlplane/*.go) tests/controlplane/go.mod tests/controlplane/go.sum
 $(CONTROLPLANE): $(CONTROLPLANE_SRC)
 	mkdir -p $(TOOLS)
-	cd tests/controlplane && go build -trimpath -o $(CURDIR)/$(CONTROLPLANE) .
+	cd tests/controlplane && \
+	version=$$(go list -m -f '{{.Version}}' k8s.io/kubernetes) && \
+	released=$$(go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes) && \
+	major=$${version#v}; major=$${major%%.*}; minor=$${version#v*.}; minor=$${minor%%.*}; \
+	stamp=""; for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do \
+	  stamp="$$stamp -X $$pkg.gitVersion=$$version -X $$pkg.gitMajor=$$major -X $$pkg.gitMinor=$$minor -X $$pkg.buildDate=$$released"; \
+	done && \
+	go build -trimpath -ldflags "-s -w $$stamp" -o $(CURDIR)/$(CONTROLPLANE) .
 
 controlplane: $(CONTROLPLANE)
+
+# The node (tests/realnode.py): Debian's containerd, runc, CNI plugins, iptables and
+# busybox-static (installed by scripts/node/install-debs.sh when root with apt-get), and two
+# images written locally (scripts/node/build-images.py): nothing is pulled. Without root or
+# apt-get the node tests skip with one line saying why.
+PODTOOL := $(TOOLS)/podtool
+NODE_IMAGES := $(TOOLS)/node-images
+$(PODTOOL): $(wildcard tests/controlplane/podtool/*.go) tests/controlplane/go.mod
+	mkdir -p $(TOOLS)
+	cd tests/controlplane && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(CURDIR)/$(PODTOOL) ./podtool
+
+$(NODE_IMAGES)/tools.tar: $(PODTOOL) scripts/node/build-images.py /bin/busybox
+	$(PYTHON) scripts/node/build-images.py --podtool $(PODTOOL) --busybox /bin/busybox --out $(NODE_IMAGES)
+
+node: $(CONTROLPLANE) $(PODTOOL)
+	@bash scripts/node/install-debs.sh
+	@if [ "$$(dpkg-query -W -f='$${db:Status-Status}' busybox-static 2>/dev/null)" = installed ]; then \
+	  $(MAKE) --no-print-directory $(NODE_IMAGES)/tools.tar; \
+	else echo "busybox-static is not installed: no node images, the node tests will skip"; fi
 
 # The operator's image, built from the Dockerfile without a registry (scripts/image/build.sh;
 # docs/image.md): an OCI archive that `podman load` and `ctr -n k8s.io images import` accept.
@@ -58,10 +89,11 @@ demo: $(STAMP)
 
 # Without Go the real-server tests skip with one line saying why (CI sets
 # KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure); likewise the image
-# tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1).
+# tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1), and the node tests without Go,
+# root and apt-get (KATA_SIZING_REQUIRE_NODE=1).
 test: $(STAMP) $(TOOLS)/kubectl $(CRDS)
-	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory controlplane; \
-	else echo "go not found: the real control plane is not built and its tests will skip"; fi
+	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory node; \
+	else echo "go not found: the real control plane and the node are not built and their tests will skip"; fi
 	@if bash scripts/image/install-debs.sh; then $(MAKE) --no-print-directory image; \
 	else echo "the image is not built (see the line above) and its tests will skip"; fi
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q

@@ -35,3 +35,6 @@ def cluster_without_gc(tmp_path, monkeypatch) -> Iterator[OperatorCluster]:
 from tests.realcluster import (  # noqa: E402,F401
     control_plane, pytest_collection_modifyitems, pytest_runtest_makereport, real_operator,
 )
+
+# ---- The real node (tests/realnode.py): `real_node`, `node_config`, `control_plane_address` ----
+from tests.realnode import control_plane_address, node_config, real_node  # noqa: E402,F401

@@ -1,10 +1,11 @@
 """A real Kubernetes control plane for the tests, and the operator run against it.
 
 `make controlplane` builds `.tools/controlplane` from tests/controlplane/ (embedded etcd, the
-real kube-apiserver v1.37.2 with RBAC and the default admission plugins, and the
-kube-controller-manager's garbage-collector, namespace and serviceaccount controllers). This
-plugin starts it once per test session on free 127.0.0.1 ports, installs kata-sizing with the
-real `kubectl apply -k manifests/`, and gives the tests:
+real kube-apiserver v1.37.2 with Node and RBAC authorization and the default admission plugins
+plus NodeRestriction, and the kube-controller-manager's controllers a Deployment needs). This
+plugin starts it once per test session on free ports of 127.0.0.1 (of the node's address
+when the session runs node tests: tests/realnode.py), installs kata-sizing with the real
+`kubectl apply -k manifests/`, and gives the tests:
 
 - `control_plane`: a `ControlPlane` (admin REST calls, `kubectl`, the API server's audit log of
   every request made with the operator's ServiceAccount identity);
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -57,9 +59,12 @@ def configmaps(namespace: str = OPERATOR_NAMESPACE) -> str:
     return f"/api/v1/namespaces/{namespace}/configmaps"
 
 
-def free_port() -> int:
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(address: str = LOOPBACK) -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return sock.getsockname()[1]
 
 
@@ -91,13 +96,14 @@ class AuditEvent:
 class ControlPlane:
     """The running control plane: admin REST calls, kubectl, the operator's audit trail."""
 
-    def __init__(self, workdir: Path, apiserver_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, workdir: Path, apiserver_args: tuple[str, ...] = (), address: str = LOOPBACK) -> None:
         self.workdir = workdir
         self.apiserver_args = apiserver_args
+        self.address = address  # the API server binds and advertises here
         self.state = workdir / "state"
         self.log_path = workdir / "controlplane.log"
-        self.etcd_port, self.api_port = free_port(), free_port()
-        self.url = f"https://127.0.0.1:{self.api_port}"
+        self.etcd_port, self.api_port = free_port(), free_port(address)
+        self.url = f"https://{address}:{self.api_port}"
         self.process: subprocess.Popen | None = None
         self.admin_kubeconfig = self.state / "admin.kubeconfig"
         self.operator_kubeconfig = workdir / "operator.kubeconfig"
@@ -107,9 +113,12 @@ class ControlPlane:
 
     def start(self, timeout: float = 180) -> None:
         log = self.log_path.open("wb")
+        # Stopped by the kernel if the test session dies without tearing down (a killed pytest
+        # left the whole control plane running, holding its ports).
+        orphan_guard = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
         self.process = subprocess.Popen(
-            [str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
-             "--apiserver-port", str(self.api_port), "--sa-user", OPERATOR_USER,
+            [*orphan_guard, str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
+             "--apiserver-port", str(self.api_port), "--address", self.address, "--sa-user", OPERATOR_USER,
              "--", *self.apiserver_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
@@ -349,10 +358,11 @@ def require_binary() -> None:
 
 
 @contextlib.contextmanager
-def installed_control_plane(workdir: Path, apiserver_args: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
+def installed_control_plane(workdir: Path, apiserver_args: tuple[str, ...] = (),
+                            address: str = LOOPBACK) -> Iterator[ControlPlane]:
     """A started control plane with kata-sizing installed; stopped on exit."""
     require_binary()
-    cp = ControlPlane(workdir, apiserver_args)
+    cp = ControlPlane(workdir, apiserver_args, address)
     try:
         cp.start()
         cp.install()
@@ -362,8 +372,10 @@ def installed_control_plane(workdir: Path, apiserver_args: tuple[str, ...] = ())
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    with installed_control_plane(tmp_path_factory.mktemp("controlplane")) as cp:
+def control_plane(tmp_path_factory: pytest.TempPathFactory, control_plane_address: str) -> Iterator[ControlPlane]:
+    """The session's control plane; the node of tests/realnode.py joins it when the session has
+    node tests (`control_plane_address` is then the node's address, else 127.0.0.1)."""
+    with installed_control_plane(tmp_path_factory.mktemp("controlplane"), address=control_plane_address) as cp:
         yield cp
 
 
@@ -404,9 +416,12 @@ def leftovers(cp: ControlPlane) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The RBAC coverage test reads the whole session's audit log: run it after the others."""
+    """The node tests run after the others: until the node joins, the session's control plane
+    has no node (the operator's node guidance and the tests' pods see what they always saw).
+    The RBAC coverage test reads the whole session's audit log: it runs last."""
     last = [i for i in items if i.name.startswith("test_every_grant_of_the_clusterrole_is_used")]
-    items[:] = [i for i in items if i not in last] + last
+    node = [i for i in items if i.get_closest_marker("node") and i not in last]
+    items[:] = [i for i in items if i not in last and i not in node] + node + last
 
 
 @pytest.hookimpl(wrapper=True)
@@ -419,4 +434,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         operator = item.funcargs.get("real_operator") if hasattr(item, "funcargs") else None
         if isinstance(operator, RealOperator):
             report.sections.append(("operator", f"log: {operator.log_path}\n{operator.log()[-4000:]}"))
+    node = item.funcargs.get("real_node") if report.failed and hasattr(item, "funcargs") else None
+    if node is not None:  # tests/realnode.py's Node, whose control plane is the session's
+        report.sections.append(("control plane", f"log: {node.cp.log_path}\n{node.cp.log_tail()}"))
+        for name in ("kubelet", "containerd", "kube-scheduler", "kube-proxy"):
+            report.sections.append((name, f"log: {node.logdir / (name + '.log')}\n{node.log_tail(name)}"))
     return report

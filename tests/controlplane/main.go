@@ -1,13 +1,21 @@
-// Command controlplane runs a real Kubernetes control plane for kata-sizing's tests on
-// 127.0.0.1: embedded etcd, kube-apiserver and the kube-controller-manager's
-// garbage-collector, namespace and serviceaccount controllers, all built from the
-// published Go modules. No kubelet and no scheduler: pods are stored, never run.
+// Command controlplane runs a real Kubernetes control plane for kata-sizing's tests:
+// embedded etcd, kube-apiserver and the kube-controller-manager's controllers, all built
+// from the published Go modules. It is also the node's binary: the kubelet, kube-scheduler
+// and kube-proxy subcommands run those components from the same module pins.
 //
-//	controlplane --dir DIR --etcd-port P --apiserver-port P \
+//	controlplane --dir DIR --etcd-port P --apiserver-port P [--address IP] [--node-name N] \
 //	    --sa-user system:serviceaccount:NS:NAME [-- extra kube-apiserver flags]
+//	controlplane kube-apiserver|kube-controller-manager|kube-scheduler|kube-proxy|kubelet FLAGS...
 //
-// It writes DIR/ca.crt, DIR/admin.token, DIR/operator.token and DIR/admin.kubeconfig,
-// prints "controlplane ready" once /readyz answers ok, and stops everything on SIGTERM.
+// The API server serves and advertises on --address (127.0.0.1 unless a node joins: the
+// kubernetes Service's endpoint must be an address a pod can reach, and the API server
+// refuses a loopback one). It writes into DIR a CA (ca.crt, ca.key) and what each component
+// needs to reach the API server as its own identity: admin.kubeconfig (system:masters),
+// operator.token (the --sa-user identity), scheduler.kubeconfig, proxy.kubeconfig and
+// node.kubeconfig (system:node:<node-name>, group system:nodes, as a client certificate),
+// the kubelet's serving certificate (kubelet.crt: the address and the node name) and the
+// API server's client certificate for the kubelet (kubelet-client.crt). It prints
+// "controlplane ready" once /readyz answers ok, and stops everything on SIGTERM.
 // DIR/audit.log is the API server's audit log (JSON lines, level Metadata) of every request
 // made with the operator's identity: what the real authorizer allowed or refused (403), and
 // every write, for the tests to count; and pod creations and resizes by anyone (where an
@@ -19,12 +27,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/pem"
 	"flag"
 	"fmt"
 	"net"
@@ -34,7 +37,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -44,6 +46,9 @@ import (
 	"k8s.io/component-base/cli"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 func main() {
@@ -55,6 +60,15 @@ func main() {
 		case "kube-controller-manager":
 			os.Args = os.Args[1:]
 			os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
+		case "kube-scheduler":
+			os.Args = os.Args[1:]
+			os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
+		case "kube-proxy":
+			os.Args = os.Args[1:]
+			os.Exit(cli.Run(proxy.NewProxyCommand()))
+		case "kubelet":
+			os.Args = os.Args[1:]
+			os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
 		}
 	}
 	if err := run(); err != nil {
@@ -63,23 +77,50 @@ func main() {
 	}
 }
 
+// Pinned beside each other: the API server allocates the kubernetes Service the first
+// address of the range, and its serving certificate must name it.
+const (
+	serviceCIDR      = "10.96.0.0/24"
+	kubernetesSvcIP  = "10.96.0.1"
+	defaultNodeName  = "kata-sizing-node"
+	defaultListenIP  = "127.0.0.1"
+	serviceAccountIs = "https://kubernetes.default.svc.cluster.local"
+)
+
+// The controllers a Deployment with a PodDisruptionBudget and in-cluster clients need on a
+// real node; the first three are all the API-server-only tests use. No daemonset
+// controller: a kata-deploy DaemonSet applied by a test must stay a stored object.
+const defaultControllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller," +
+	"deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller," +
+	"endpointslice-mirroring-controller,root-ca-certificate-publisher-controller,disruption-controller," +
+	"pod-garbage-collector-controller,node-lifecycle-controller"
+
 func run() error {
-	dir := flag.String("dir", "", "state directory (certificates, tokens, etcd data)")
-	etcdPort := flag.Int("etcd-port", 0, "etcd client port on 127.0.0.1")
-	apiPort := flag.Int("apiserver-port", 0, "kube-apiserver secure port on 127.0.0.1")
-	saUser := flag.String("sa-user", "system:serviceaccount:kata-sizing:kata-sizing",
+	flags := flag.NewFlagSet("controlplane", flag.ContinueOnError)
+	dir := flags.String("dir", "", "state directory (certificates, tokens, etcd data)")
+	etcdPort := flags.Int("etcd-port", 0, "etcd client port on 127.0.0.1")
+	apiPort := flags.Int("apiserver-port", 0, "kube-apiserver secure port on --address")
+	address := flags.String("address", defaultListenIP,
+		"address the API server binds and advertises (not loopback when a node joins)")
+	nodeName := flags.String("node-name", defaultNodeName, "name of the node the credentials are for")
+	saUser := flags.String("sa-user", "system:serviceaccount:kata-sizing:kata-sizing",
 		"user name of the operator's identity, as a ServiceAccount token would carry it")
-	controllers := flag.String("controllers",
-		"garbage-collector-controller,namespace-controller,serviceaccount-controller",
-		"kube-controller-manager controllers to run")
-	flag.Parse()
+	controllers := flags.String("controllers", defaultControllers, "kube-controller-manager controllers to run")
+	if err := flags.Parse(os.Args[1:]); err != nil {
+		return err
+	}
 	if *dir == "" || *etcdPort == 0 || *apiPort == 0 {
 		return fmt.Errorf("--dir, --etcd-port and --apiserver-port are required")
+	}
+	ip := net.ParseIP(*address)
+	if ip == nil {
+		return fmt.Errorf("--address %q is not an IP address", *address)
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err
 	}
-	if err := writeCredentials(*dir, *saUser, *apiPort); err != nil {
+	server := fmt.Sprintf("https://%s", net.JoinHostPort(*address, fmt.Sprint(*apiPort)))
+	if err := writeCredentials(*dir, server, ip, *nodeName, *saUser); err != nil {
 		return err
 	}
 
@@ -93,29 +134,41 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	// The kubernetes Service's endpoint is the advertised address; a loopback one is refused,
+	// and without a node nothing would use it.
+	reconciler := "lease"
+	if ip.IsLoopback() {
+		reconciler = "none"
+	}
+	file := func(name string) string { return filepath.Join(*dir, name) }
 	apiArgs := append([]string{"kube-apiserver",
 		"--etcd-servers=http://127.0.0.1:" + fmt.Sprint(*etcdPort),
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + *address,
+		"--advertise-address=" + *address,
 		"--secure-port=" + fmt.Sprint(*apiPort),
-		"--tls-cert-file=" + filepath.Join(*dir, "serving.crt"),
-		"--tls-private-key-file=" + filepath.Join(*dir, "serving.key"),
-		"--token-auth-file=" + filepath.Join(*dir, "tokens.csv"),
-		"--authorization-mode=RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file=" + filepath.Join(*dir, "sa.key"),
-		"--service-account-signing-key-file=" + filepath.Join(*dir, "sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/24",
+		"--tls-cert-file=" + file("serving.crt"),
+		"--tls-private-key-file=" + file("serving.key"),
+		"--client-ca-file=" + file("ca.crt"),
+		"--token-auth-file=" + file("tokens.csv"),
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--kubelet-client-certificate=" + file("kubelet-client.crt"),
+		"--kubelet-client-key=" + file("kubelet-client.key"),
+		"--kubelet-certificate-authority=" + file("ca.crt"),
+		"--kubelet-preferred-address-types=InternalIP",
+		"--service-account-issuer=" + serviceAccountIs,
+		"--service-account-key-file=" + file("sa.key"),
+		"--service-account-signing-key-file=" + file("sa.key"),
+		"--service-cluster-ip-range=" + serviceCIDR,
 		"--allow-privileged=true",
 		"--profiling=false",
-		// No kubelet or Service traffic here: the kubernetes Service endpoint would be loopback.
-		"--endpoint-reconciler-type=none",
-		"--audit-policy-file=" + filepath.Join(*dir, "audit-policy.yaml"),
-		"--audit-log-path=" + filepath.Join(*dir, "audit.log"),
+		"--endpoint-reconciler-type=" + reconciler,
+		"--audit-policy-file=" + file("audit-policy.yaml"),
+		"--audit-log-path=" + file("audit.log"),
 		"--audit-log-format=json",
 		"--audit-log-mode=blocking",
 		"--v=1",
-	}, flag.Args()...)
+	}, flags.Args()...)
 	api := exec.Command(self, apiArgs...)
 	api.Stdout, api.Stderr = os.Stdout, os.Stderr
 	api.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -137,12 +190,13 @@ func run() error {
 	}
 	defer stopAll()
 
-	if err := waitReady(*dir, *apiPort, 3*time.Minute); err != nil {
+	if err := waitReady(*dir, server, 3*time.Minute); err != nil {
 		return err
 	}
 	kcm := exec.Command(self, "kube-controller-manager",
-		"--kubeconfig="+filepath.Join(*dir, "admin.kubeconfig"),
+		"--kubeconfig="+file("admin.kubeconfig"),
 		"--controllers="+*controllers,
+		"--root-ca-file="+file("ca.crt"),
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
@@ -215,83 +269,7 @@ func compact(e *embed.Etcd) {
 	fmt.Printf("controlplane compacted etcd at revision %d\n", rev)
 }
 
-func writeCredentials(dir, saUser string, apiPort int) error {
-	cert, key, err := certutil.GenerateSelfSignedCertKey("127.0.0.1",
-		[]net.IP{net.ParseIP("127.0.0.1")}, []string{"localhost", "kubernetes.default.svc"})
-	if err != nil {
-		return err
-	}
-	// The bundle is the serving certificate followed by the CA that signed it.
-	if err := os.WriteFile(filepath.Join(dir, "serving.crt"), cert, 0o600); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "serving.key"), key, 0o600); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), cert, 0o644); err != nil {
-		return err
-	}
-	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return err
-	}
-	saPEM := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)})
-	if err := os.WriteFile(filepath.Join(dir, "sa.key"), saPEM, 0o600); err != nil {
-		return err
-	}
-	admin, operator := token(), token()
-	ns := "default"
-	if parts := strings.Split(saUser, ":"); len(parts) == 4 {
-		ns = parts[2]
-	}
-	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,operator-uid,\"system:serviceaccounts,system:serviceaccounts:%s,system:authenticated\"\n",
-		admin, operator, saUser, ns)
-	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(tokens), 0o600); err != nil {
-		return err
-	}
-	auditPolicy := fmt.Sprintf(`apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-- level: Metadata
-  users: [%q]
-# Pod creations and resizes, whoever makes them: the admission policies' Audit action shows here.
-- level: Metadata
-  verbs: [create, patch, update]
-  resources: [{group: "", resources: [pods, pods/resize]}]
-- level: None
-`, saUser)
-	files := map[string]string{"admin.token": admin, "operator.token": operator, "audit-policy.yaml": auditPolicy}
-	for name, value := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(value), 0o600); err != nil {
-			return err
-		}
-	}
-	kubeconfig := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: controlplane
-  cluster: {server: "https://127.0.0.1:%d", certificate-authority: %q}
-users:
-- name: admin
-  user: {token: %q}
-contexts:
-- name: admin
-  context: {cluster: controlplane, user: admin}
-current-context: admin
-`, apiPort, filepath.Join(dir, "ca.crt"), admin)
-	return os.WriteFile(filepath.Join(dir, "admin.kubeconfig"), []byte(kubeconfig), 0o600)
-}
-
-func token() string {
-	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-func waitReady(dir string, port int, limit time.Duration) error {
+func waitReady(dir, server string, limit time.Duration) error {
 	admin, err := os.ReadFile(filepath.Join(dir, "admin.token"))
 	if err != nil {
 		return err
@@ -304,9 +282,8 @@ func waitReady(dir string, port int, limit time.Duration) error {
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	readyz := fmt.Sprintf("https://127.0.0.1:%d/readyz", port)
 	for ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, readyz, nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, server+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+string(admin))
 		if resp, err := client.Do(req); err == nil {
 			resp.Body.Close()
