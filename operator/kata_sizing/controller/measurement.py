@@ -113,6 +113,7 @@ class MeasurementLoop:
         self._config_version = 0
         self._targets_key: tuple | None = None
         self._targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
+        self._pruned_for: tuple | None = None
         self._nodes_of_policy: dict[str, set[str]] = {}
         self.next_due: dict[str, float] = {}
         self.in_flight: set[str] = set()
@@ -183,9 +184,12 @@ class MeasurementLoop:
                     await self.gate()
                 now = self.clock()
                 targets = self.targets()
-                for node in [n for n in self.next_due if n not in targets]:
-                    del self.next_due[node]
-                self.state.forget_nodes(targets)
+                if self._targets_key != self._pruned_for:
+                    # Nodes that run no measured pod any more: no turn, no record.
+                    for node in [n for n in self.next_due if n not in targets]:
+                        del self.next_due[node]
+                    self.state.forget_nodes(targets)
+                    self._pruned_for = self._targets_key
                 for node, (interval, _) in targets.items():
                     due = self.next_due.get(node)
                     if due is None:
