@@ -134,6 +134,8 @@ def test_calibrate_without_a_policy_needs_a_host_side_for_kubelet_rows(capsys, s
     (["--pods", "{pods}"], "--pods goes with --summary", 2),
     (["--summary", "{pods}", "--pods", "{pods}"], "not valid JSON", 2),
     (["--summary", "{empty}", "--pods", "{pods}"], "not a kubelet Summary (no node.nodeName)", 2),
+    (["--timeout", "0"], "--timeout: 0 is not a number of seconds above 0", 2),
+    (["--timeout", "nan"], "--timeout: nan is not a number of seconds", 2),
 ])
 def test_survey_input_errors_are_one_line(capsys, saved, extra, message, code):
     (saved["dir"] / "empty.json").write_text("{}")

@@ -266,6 +266,35 @@ def test_an_empty_summary_measures_nothing_and_reports_every_kata_pod_missing():
     assert len(result.not_reported) == 5
 
 
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**64, max_value=2**64) | st.floats(allow_nan=False)
+    | st.text(max_size=30) | st.sampled_from(["2026-12-03T10:00:00Z", "not a time", "", "web", UID(1), UID(2)]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["node", "pods", "podRef", "uid", "name", "namespace", "memory", "containers",
+                         "workingSetBytes", "usageBytes", "time", "startTime", "nodeName", "x"]), children, max_size=5),
+    max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_any_json_is_read_or_refused_with_a_summary_error(document):
+    """A kubelet (or a file given to survey) may send anything: it is a reading or a SummaryError."""
+    kata, others = kata_index()
+    try:
+        result = read_summary(document, "kata-node-1", kata, others)
+    except SummaryError:
+        return
+    for measured_pod in result.measurements:
+        assert measured_pod.overhead_bytes is None or isinstance(measured_pod.overhead_bytes, int)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(JSON, max_size=6))
+def test_any_pod_entries_in_a_real_summary_are_read_or_skipped(entries):
+    summary = _with(lambda s: s["pods"].extend(entries))
+    reading(summary)
+
+
 def test_malformed_pod_entries_are_skipped_and_said():
     summary = _with(lambda s: s["pods"].extend([None, {"podRef": "x"}, {"memory": {}}]))
     result = reading(summary)

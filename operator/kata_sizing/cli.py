@@ -541,6 +541,8 @@ def cmd_survey(args: argparse.Namespace) -> int:
     from .core.sizing import size_policy
     from .core.survey import readings_from, survey_rows, to_csv
 
+    if not 0 < args.timeout <= 600:
+        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 600")
     policy = _chosen_policy(args, args.policy)
     sizing = size_policy(policy)
     if sizing.errors:

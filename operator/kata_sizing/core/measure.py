@@ -224,7 +224,8 @@ def _containers_working_set(entry: dict, expected: tuple[str, ...]) -> tuple[int
         else:
             total += working_set
     if not problems and latest:
-        taken = _time((entry.get("memory") or {}).get("time"))
+        memory = entry.get("memory")
+        taken = _time(memory.get("time")) if isinstance(memory, dict) else None
         started = _time(max(started for started, _ in latest.values()))
         if taken is not None and started is not None and (taken - started).total_seconds() < KUBELET_MAX_REFRESH_S:
             problems.append(f"the pod's figure ({taken:%H:%M:%S}) is less than {KUBELET_MAX_REFRESH_S} s younger than "
