@@ -111,8 +111,8 @@ def test_survey_calibrate_render_round_trip(capsys, saved):
     assert out.startswith(f"# kata-sizing: policy qemu-rs refitted from {survey} (5 row(s)).\n")
     assert "--- qemu-rs-kata-deploy-values/values.yaml (now)\n+++ qemu-rs-kata-deploy-values/values.yaml (proposed)\n" in out
     proposed = {c["name"]: c["podFixed"]["memory"] for c in report["classes"]}
-    assert f'+            memory: "{proposed["s"]}"' in out
-    assert f'-            memory: "{SIZING.class_named("s").pod_fixed["memory"]}"' in out
+    assert f'+            memory: {proposed["s"]}' in out
+    assert f'-            memory: {SIZING.class_named("s").pod_fixed["memory"]}' in out
 
 
 def test_calibrate_without_a_policy_needs_a_host_side_for_kubelet_rows(capsys, saved, tmp_path):

@@ -81,7 +81,7 @@ def test_five_hundred_nodes_are_each_read_once_per_interval_with_flat_memory(clu
     body["spec"]["measurement"] = {"intervalSeconds": 15, "windowSeconds": 120}
     cluster.create(body)
     wait_observed(emu, "qemu-rs", timeout=60, Ready="True")
-    loop = cluster.memo.measurement
+    loop = cluster.memo.state.measurement
 
     # Wait for a whole interval of reads and one more (a loop running late while the operator
     # started catches up by then), then count the next two.

@@ -145,6 +145,16 @@ class MeasurementLoop:
             self.state.forget_classes(runtime_classes)
             self._wake.set()
 
+    def forget(self) -> None:
+        """Everything read so far (this replica stopped leading): the leader measures, warns and
+        exports the gauges now; what to measure is kept for when this one leads again."""
+        self.state = MeasurementState()
+        self.next_due.clear()
+        self.announced.clear()
+        self.versions.clear()
+        self._published_at.clear()
+        self._pruned_for = None
+
     def _class_table(self) -> tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int]], dict[str, str]]:
         windows, thresholds, owner = {}, {}, {}
         for policy in self.policies.values():
