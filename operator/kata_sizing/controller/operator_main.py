@@ -13,6 +13,7 @@ import kopf
 from kopf._core.engines.admission import WebhookError
 
 from . import policy_webhook
+from .leader import default_identity
 from ..core import bounded
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,10 @@ def run_operator(
         clusterwide=namespace is None,
         namespaces=[namespace] if namespace else (),
         liveness_endpoint=liveness,
+        # Without one, kopf names itself after the user from /etc/passwd (getpass), and the
+        # kubelet, unlike podman, adds no entry for the pod's runAsUser: the operator died at
+        # start-up on a real node (docs/testing.md).
+        identity=lease.identity if lease is not None else default_identity(),
         # With a Lease the handlers start only once this replica holds it (see leader.py).
         memo=kopf.Memo(lease=lease),
     ))
