@@ -365,6 +365,24 @@ def test_infra_pod_memory_shrinks_dev_shm():
     assert not any("infraPodMemory is auto" in w for w in document["warnings"])
 
 
+def test_the_infra_pods_cpu_requests_come_off_the_cpu_a_class_fits_in():
+    """The scheduler counts every pod's CPU request against allocatable: on a 2-CPU node whose
+    infra pods request 100m, a class of 250m + podFixed 250m fits 3 times, not 4 (the real
+    node of tests/test_node_operator.py admitted 3)."""
+    from decimal import Decimal
+
+    policy = _policy({"shim": "qemu-runtime-rs", "classes": [{"name": "m", "cpu": "250m", "memory": "1Gi"}]})
+    node = _node("24Gi", "2", allocatable_cpu=Decimal(2), infra_pod_memory_bytes=320 * MIB)
+    assert _guidance(policy, node)[2]["vmsPerClass"]["m"]["byCpu"] == 4
+    crowded = _node("24Gi", "2", allocatable_cpu=Decimal(2), infra_pod_memory_bytes=320 * MIB,
+                    infra_pod_cpu=Decimal("0.1"))
+    assert _guidance(policy, crowded)[2]["vmsPerClass"]["m"]["byCpu"] == 3
+    # Infra pods asking for more CPU than the node has leave no room, not a negative count.
+    full = _node("24Gi", "2", allocatable_cpu=Decimal(2), infra_pod_cpu=Decimal(3))
+    assert _guidance(policy, full)[2]["vmsPerClass"]["m"] == {
+        **_guidance(policy, full)[2]["vmsPerClass"]["m"], "byCpu": 0, "fit": 0}
+
+
 def test_auto_infra_pod_memory_offline_says_so():
     _, _, document, _ = _guidance(_policy({"shim": "qemu-runtime-rs"}), _node())
     assert any(w.startswith("infraPodMemory is auto but the infra pods' requests are unknown")

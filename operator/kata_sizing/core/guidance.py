@@ -27,6 +27,9 @@ class NodeFacts:
     allocatable_cpu: Decimal | None = None
     # Sum of non-Kata pod memory requests; None when unknown (infraPodMemory: auto offline).
     infra_pod_memory_bytes: int | None = None
+    # Sum of non-Kata pod CPU requests (cores); None when unknown (offline). The scheduler
+    # counts them against allocatable CPU as it counts their memory against allocatable memory.
+    infra_pod_cpu: Decimal | None = None
 
     def group_key(self) -> tuple:
         # Infra requests differ from node to node; they are not part of a group's identity.
@@ -139,17 +142,21 @@ def node_guidance(
         room = max(0, allocatable - infra)
         shm_size = (room // MIB) * MIB
         fits = []
+        cpu_total = facts.allocatable_cpu if facts.allocatable_cpu is not None else facts.capacity_cpu
+        # The scheduler admits a pod while the CPU requests of the node's pods fit allocatable:
+        # the infra pods' (every node runs some) come off first, as their memory does above.
+        # Offline (no infra CPU known) the whole figure is shown.
+        cpu_room = None if cpu_total is None else max(Decimal(0), cpu_total - (facts.infra_pod_cpu or 0))
         for sized in sizing.classes:
             accounted = (sized.envelope_memory_mib + sized.pod_fixed_memory_mib) * MIB
             vm_memory = sized.largest_vm.memory_mib * MIB
             by_allocatable = room // accounted
             by_cpu = None
-            cpu_total = facts.allocatable_cpu if facts.allocatable_cpu is not None else facts.capacity_cpu
             per_pod_cpu = sized.envelope_cpu + sized.pod_fixed_cpu
             # A class that accounts no CPU at all (an invalid policy being rendered for its
             # messages) is not limited by CPU: no division by its zero.
-            if cpu_total is not None and per_pod_cpu > 0:
-                by_cpu = int(cpu_total // per_pod_cpu)
+            if cpu_room is not None and per_pod_cpu > 0:
+                by_cpu = int(cpu_room // per_pod_cpu)
             by_shm = None if shm_reason or vm_memory <= 0 else shm_size // vm_memory
             fit = min(v for v in (by_allocatable, by_cpu, by_shm) if v is not None)
             if fit == 0:
