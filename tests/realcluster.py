@@ -244,8 +244,9 @@ class ControlPlane:
         except FileNotFoundError:
             return 0
 
-    def operator_requests(self, since: int = 0) -> list[AuditEvent]:
-        """Every completed request made with the operator's identity, from byte `since` on."""
+    def operator_requests(self, since: int = 0, user: str = OPERATOR_USER) -> list[AuditEvent]:
+        """Every completed request made with the operator's identity (or `user`, another
+        ServiceAccount's), from byte `since` on."""
         try:
             with self.audit_path.open("rb") as f:
                 f.seek(since)
@@ -259,7 +260,7 @@ class ControlPlane:
             stage = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
             if entry.get("stage") not in (stage, "Panic"):
                 continue
-            if (entry.get("user") or {}).get("username") != OPERATOR_USER:
+            if (entry.get("user") or {}).get("username") != user:
                 continue
             ref = entry.get("objectRef") or {}
             resource = ref.get("resource", "")
@@ -272,8 +273,9 @@ class ControlPlane:
                 user_agent=entry.get("userAgent", "")))
         return events
 
-    def operator_writes(self, since: int = 0, resource: str | None = None) -> list[AuditEvent]:
-        return [e for e in self.operator_requests(since)
+    def operator_writes(self, since: int = 0, resource: str | None = None,
+                        user: str = OPERATOR_USER) -> list[AuditEvent]:
+        return [e for e in self.operator_requests(since, user)
                 if e.verb in WRITE_VERBS and (resource is None or e.resource == resource)]
 
 

@@ -23,6 +23,7 @@ class NodeSummary:
     capacity_cpu: Decimal | None
     allocatable_memory_bytes: int | None
     allocatable_cpu: Decimal | None
+    kubelet_version: str | None = None
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         labels = dict(self.labels)
@@ -73,6 +74,7 @@ def summarize_node(node: Mapping) -> NodeSummary | None:
         capacity_cpu=_cpu(capacity.get("cpu")),
         allocatable_memory_bytes=_memory(allocatable["memory"]) if "memory" in allocatable else None,
         allocatable_cpu=_cpu(allocatable.get("cpu")),
+        kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion") or None,
     )
 
 
@@ -156,5 +158,6 @@ def facts_for_nodes(
             allocatable_cpu=node.allocatable_cpu,
             infra_pod_memory_bytes=sum(p.memory_request_bytes for p in infra_pods),
             infra_pod_cpu=sum((p.cpu_request for p in infra_pods), Decimal(0)),
+            kubelet_version=node.kubelet_version,
         ))
     return sorted(facts, key=lambda f: f.name)

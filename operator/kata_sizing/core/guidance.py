@@ -6,6 +6,7 @@ docs/sizing-model.md, Nodes. Pure: the operator (from Node and Pod objects) and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -30,12 +31,14 @@ class NodeFacts:
     # Sum of non-Kata pod CPU requests (cores); None when unknown (offline). The scheduler
     # counts them against allocatable CPU as it counts their memory against allocatable memory.
     infra_pod_cpu: Decimal | None = None
+    # status.nodeInfo.kubeletVersion (v1.37.2); None offline without --kubelet-version.
+    kubelet_version: str | None = None
 
     def group_key(self) -> tuple:
         # Infra requests differ from node to node; they are not part of a group's identity.
         return (
             self.capacity_memory_bytes, self.capacity_cpu, self.allocatable_memory_bytes,
-            self.allocatable_cpu,
+            self.allocatable_cpu, kubelet_feature_gates(self.kubelet_version),
         )
 
 
@@ -71,6 +74,23 @@ class NodeGroupGuidance:
     shm_reason: str | None
     fits: list[ClassFit]
     warnings: list[str] = field(default_factory=list)
+    # Gates the kubelet configuration sets (kubelet_feature_gates), and why, one line each.
+    kubelet_feature_gates: tuple[tuple[str, bool], ...] = ()
+    kubelet_feature_gate_reasons: list[str] = field(default_factory=list)
+
+
+def kubelet_minor(kubelet_version: str | None) -> tuple[int, int] | None:
+    """(1, 37) of v1.37.2, v1.37.2-eks-1a2b or 1.37.2+k3s1; None when unknown."""
+    match = re.match(r"v?(\d+)\.(\d+)", kubelet_version or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def kubelet_feature_gates(kubelet_version: str | None) -> tuple[tuple[str, bool], ...]:
+    """The feature gates a node's KubeletConfiguration must set for the VMs-per-class figures to
+    hold on that kubelet (docs/sizing-model.md, Nodes)."""
+    if kubelet_minor(kubelet_version) in defaults.OVERHEAD_COUNTED_TWICE_KUBELET_MINORS:
+        return ((defaults.OVERHEAD_COUNTED_TWICE_GATE, False),)
+    return ()
 
 
 def tmpfs_size(size_bytes: int) -> str:
@@ -169,6 +189,11 @@ def node_guidance(
                 sized.name, format_memory(accounted), format_memory(vm_memory),
                 by_allocatable, by_cpu, by_shm, fit,
             ))
+        gates = kubelet_feature_gates(facts.kubelet_version)
+        gate_reasons = [
+            f"kubelet {facts.kubelet_version} charges a running pod its podFixed twice (the "
+            f"scheduler and the kubelet both, kubernetes/kubernetes#139627) while {gate} is on: "
+            f"{gate}: false keeps the VMs per class above" for gate, _ in gates]
         if not infra_known:
             warnings.append(
                 "infraPodMemory is auto but the infra pods' requests are unknown here; "
@@ -209,5 +234,7 @@ def node_guidance(
             shm_reason=shm_reason,
             fits=fits,
             warnings=warnings,
+            kubelet_feature_gates=gates,
+            kubelet_feature_gate_reasons=gate_reasons,
         ))
     return groups, problems

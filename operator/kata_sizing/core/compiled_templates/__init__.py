@@ -10,7 +10,7 @@ SOURCE_SHA256 = {
     'configmap.yaml.j2': '0e77f638a479be75959e7873c17eec599fd1b7ff99896d6d40a3cfc99b86616b',
     'dropin.toml.j2': '1b5d095609167cc7f100de84185e313299d3d6dd69742aadf01be11563d161b7',
     'kata-deploy-values.yaml.j2': '11c2215b17aaed081fef04f2a36770875cc042b796f5871df8577f80664fd01e',
-    'node-guidance-summary.txt.j2': 'be4dce1b42633ba5e8658296f9ee441538c97612c4304a1dd6bb526f3d3fc788',
-    'node-guidance.yaml.j2': '19bbd1adcd20c1f15be65232fd6799b7779350397de1a8aeb9bd14adca8c5241',
+    'node-guidance-summary.txt.j2': '5839c70f8b635a7a23361cca1801d9a9a52c63d78e84d84e97b713c62433347d',
+    'node-guidance.yaml.j2': '9cd3b16a91d28dcf88bd56bd20964174ec3866c5945721f8f8aa6f1bd4e0e4ac',
     'runtimeclass.yaml.j2': 'aad39ff723932303099c4967c4d07267af8e887542a34ed02581260b15a76416',
 }

@@ -78,6 +78,12 @@ def root(context, missing=missing, environment=environment):
             yield '='
             yield str(environment.getattr(l_2_fit, 'fit'))
         l_2_fit = missing
+        for l_2_reason in environment.getattr(l_1_g, 'kubelet_feature_gate_reasons'):
+            _loop_vars = {}
+            pass
+            yield '\n  kubelet featureGates: '
+            yield str(l_2_reason)
+        l_2_reason = missing
         for l_2_w in environment.getattr(l_1_g, 'warnings'):
             _loop_vars = {}
             pass
@@ -89,4 +95,4 @@ def root(context, missing=missing, environment=environment):
     yield '\n'
 
 blocks = {}
-debug_info = '1=27&2=37&4=40&5=44&6=48&7=59&8=62&9=64&10=66&12=70&14=72&15=80&16=84'
+debug_info = '1=27&2=37&4=40&5=44&6=48&7=59&8=62&9=64&10=66&12=70&14=72&15=80&16=84&18=86&19=90'

@@ -47,7 +47,19 @@ def root(context, missing=missing, environment=environment):
     yield str(t_2(context.eval_ctx, environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'kube_reserved')))
     yield '\n  evictionHard:\n    memory.available: '
     yield str(t_2(context.eval_ctx, environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'eviction_hard')))
-    yield '\n  enforceNodeAllocatable: ["pods"]\nallocatable:\n  memory: '
+    yield '\n  enforceNodeAllocatable: ["pods"]'
+    if environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'kubelet_feature_gates'):
+        pass
+        yield '\n  featureGates:'
+        for (l_1_gate, l_1_enabled) in environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'kubelet_feature_gates'):
+            _loop_vars = {}
+            pass
+            yield '\n    '
+            yield str(t_2(context.eval_ctx, l_1_gate))
+            yield ': '
+            yield str(t_2(context.eval_ctx, l_1_enabled))
+        l_1_gate = l_1_enabled = missing
+    yield '\nallocatable:\n  memory: '
     yield str(t_2(context.eval_ctx, environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'allocatable_memory')))
     if environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'observed_allocatable_memory'):
         pass
@@ -96,9 +108,13 @@ def root(context, missing=missing, environment=environment):
         yield '\n    fit: '
         yield str(t_2(context.eval_ctx, environment.getattr(l_1_fit, 'fit')))
     l_1_fit = missing
+    if environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'kubelet_feature_gate_reasons'):
+        pass
+        yield '\nfeatureGateReasons: '
+        yield str(t_2(context.eval_ctx, environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'kubelet_feature_gate_reasons')))
     yield '\nwarnings: '
     yield str(t_2(context.eval_ctx, environment.getattr((undefined(name='g') if l_0_g is missing else l_0_g), 'warnings')))
     yield '\n'
 
 blocks = {}
-debug_info = '1=32&2=34&3=36&5=38&6=39&7=42&13=44&15=46&17=48&20=50&21=51&22=54&24=56&25=57&26=60&29=62&30=63&31=66&32=68&33=70&35=74&38=76&39=80&40=82&41=84&42=86&43=87&44=90&46=91&47=94&49=96&51=99'
+debug_info = '1=32&2=34&3=36&5=38&6=39&7=42&13=44&15=46&17=48&19=50&21=53&22=57&26=62&27=63&28=66&30=68&31=69&32=72&35=74&36=75&37=78&38=80&39=82&41=86&44=88&45=92&46=94&47=96&48=98&49=99&50=102&52=103&53=106&55=108&57=110&58=113&60=115'
