@@ -305,7 +305,8 @@ def test_service_reaches_the_operators_webhook_port(
     assert container_ports[port["targetPort"]] == webhook_options.port == 9443
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert webhook_container["readinessProbe"]["tcpSocket"]["port"] == port["targetPort"]
+    # Ready (in the Service's endpoints) only once /readyz says the webhook listens too.
+    assert webhook_container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert webhook_options.addr is None, "the Service reaches the pod IP: listen on every interface"
     assert webhook_options.insecure is False
 
