@@ -87,6 +87,7 @@ class AuditEvent:
     code: int
     uri: str
     user_agent: str = ""  # replicas name themselves here (kata-sizing/<identity>)
+    source_ips: tuple[str, ...] = ()  # where the request came from (a pod's IP when run in a pod)
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -270,7 +271,7 @@ class ControlPlane:
                 verb=entry["verb"], group=ref.get("apiGroup", ""), resource=resource,
                 namespace=ref.get("namespace", ""), name=ref.get("name", ""),
                 code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", ""),
-                user_agent=entry.get("userAgent", "")))
+                user_agent=entry.get("userAgent", ""), source_ips=tuple(entry.get("sourceIPs") or ())))
         return events
 
     def operator_writes(self, since: int = 0, resource: str | None = None,
