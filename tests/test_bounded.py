@@ -82,7 +82,8 @@ def test_merge_keys_are_not_duplicates(capsys, write) -> None:
 def test_two_policies_with_one_name_in_a_file_are_refused(capsys, write) -> None:
     code, err = run(capsys, "validate", write(POLICY + "---\n" + POLICY))
     assert code == 1
-    assert "(document 2): metadata.name: a policy named 'p' is already in this file" in err
+    assert "(document 2): metadata.name: a policy named 'p' is already in " in err
+    assert "input.yaml (document 1); names must be unique" in err
 
 
 @pytest.mark.parametrize("field, value, where", [

@@ -33,7 +33,8 @@ from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes
 from kata_sizing.core.render import render_policy
 from kata_sizing.core.rules import KataConfig, Severity, read_drop_in
 from kata_sizing.core.sizing import size_policy
-from tests.test_properties import valid_policies
+from tests import apiserver_grammar as grammar
+from tests.test_properties import SCALAR_FIELDS, scalars, valid_policies
 
 FUZZ_EXAMPLES = int(os.environ.get("KATA_SIZING_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None,
@@ -342,3 +343,26 @@ def test_valid_policy_text_with_hostile_values_exits_cleanly(text):
         for argv in (["validate", path, "--strict"], ["render", path, "--node-capacity", "64Gi", "--node-cpu", "8"],
                      ["explain", path, "--class", "s", "--cpu", "1"]):
             _run(argv)
+
+
+# --- YAML as the API server reads it (tests/apiserver_grammar.py): the CLI's exit code -----------
+
+
+@FUZZ
+@given(picks=st.lists(st.tuples(st.sampled_from(sorted(SCALAR_FIELDS)), scalars), min_size=1, max_size=4))
+def test_validate_agrees_with_the_api_servers_schema_on_unquoted_scalars(picks):
+    lines: dict[str, str] = {}
+    expected_valid = True
+    for field, scalar in picks:
+        kind, line, stricter = SCALAR_FIELDS[field]
+        text = line.format(scalar.text)
+        top = text.split(":", 1)[0]
+        if top in lines:
+            continue  # one value per spec key
+        lines[top] = text
+        expected_valid = expected_valid and grammar.schema_accepts(kind, scalar) and not stricter(scalar)
+    policy = ("apiVersion: katasizing.dev/v1alpha1\nkind: KataSizingPolicy\nmetadata: {name: p}\n"
+              "spec:\n  shim: qemu-runtime-rs\n" + "".join(f"  {line}\n" for line in lines.values()))
+    with _file(policy.encode(), "policy.yaml") as path:
+        code, err = _run(["validate", path])
+    assert code == (0 if expected_valid else 1), (policy, err)

@@ -314,5 +314,7 @@ def test_values_only_refuses_two_policies_rendering_the_same_runtime(tmp_path: P
     clash.write_text(first + "---\n" + yaml.safe_dump(doc))
     result = run_cli("render", str(clash), "--values-only")
     assert result.returncode == 1
-    assert "custom runtime 'kata-qemu-rs-s' is also rendered by policy 'qemu-rs'" in result.stderr
+    # Refused when the file is read (model.policy_set_problems), before any overlay is made.
+    assert ("RuntimeClass kata-qemu-rs-s (class s) is also RuntimeClass kata-qemu-rs-s of policy 'qemu-rs'"
+            in result.stderr)
     assert "Traceback" not in result.stderr

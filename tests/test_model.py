@@ -90,15 +90,29 @@ def test_other_defaults():
     assert spec.drift_policy == "Correct"
 
 
-def test_numbers_written_without_quotes_are_kept_as_quantity_text():
-    spec = parse_policy(_doc({
-        "shim": "qemu",
-        "overhead": {"guestMemoryRatio": 0.14, "margin": 0},
-        "classes": [{"name": "s", "cpu": 1.5, "memory": 1073741824}],
-    })).spec
-    assert spec.overhead.guest_memory_ratio == "0.14"
-    assert spec.overhead.margin == "0"
-    assert (spec.classes[0].cpu, spec.classes[0].memory) == ("1.5", "1073741824")
+def test_integers_written_without_quotes_are_kept_as_quantity_text():
+    # int-or-string: the API server stores an integer there, and so does the model, as text.
+    spec = parse_policy(_doc({"shim": "qemu", "classes": [{"name": "s", "cpu": 2, "memory": 1073741824}]})).spec
+    assert (spec.classes[0].cpu, spec.classes[0].memory) == ("2", "1073741824")
+
+
+def test_numbers_the_api_server_refuses_are_refused_with_the_field_named():
+    # Checked on the real API server (tests/test_real_inputs.py): a string field given a
+    # number and an int-or-string field given a fraction are refused by the CRD's schema.
+    with pytest.raises(PolicyError) as error:
+        parse_policy(_doc({
+            "shim": "qemu",
+            "overhead": {"guestMemoryRatio": 0.14, "margin": 0},
+            "classes": [{"name": "s", "cpu": 1.5, "memory": "1Gi"}],
+        }))
+    assert error.value.problems == [
+        "spec.overhead.guestMemoryRatio: must be a string (the CRD's type string), not the number 0.14; "
+        "YAML reads it as a number: quote it",
+        "spec.overhead.margin: must be a string (the CRD's type string), not the integer 0; "
+        "YAML reads it as a number: quote it",
+        "spec.classes[0].cpu: the number 1.5 is not an integer, and the API server takes only an integer or a "
+        "string here (x-kubernetes-int-or-string): write \"1.5\" in quotes",
+    ]
 
 
 def _classes(*envelopes) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import json
 import math
 import tempfile
 import tomllib
@@ -17,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kata_sizing.core import defaults
+from kata_sizing.core import bounded, defaults
 from kata_sizing.cli import main
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.model import PolicyError, parse_policy
@@ -25,6 +26,7 @@ from kata_sizing.core.quantity import MIB, memory_bytes
 from kata_sizing.core.render import render_policy
 from kata_sizing.core.rules import Rule
 from kata_sizing.core.sizing import explain_pod, size_policy
+from tests import apiserver_grammar as grammar
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -267,3 +269,109 @@ def test_cli_on_arbitrary_text_exits_1_or_2(text):
     for code, err in _cli_outcomes(text):
         assert code in (1, 2)
         assert err.startswith("error: ")
+
+
+# --- the API server's grammar (tests/apiserver_grammar.py, checked on the real server by
+# tests/test_real_inputs.py): what the CLI accepts, the server accepts, and the other way ---------
+
+_EXAMPLE_SPEC = "spec:\n  shim: qemu-runtime-rs\n"
+
+
+def _accepted(spec_lines: list[str], name: str = "p") -> bool:
+    """The CLI's verdict (what `validate` does, in-process) on a policy written as YAML text."""
+    text = ("apiVersion: katasizing.dev/v1alpha1\nkind: KataSizingPolicy\n"
+            f"metadata: {{name: {name}}}\n{_EXAMPLE_SPEC}" + "".join(f"  {line}\n" for line in spec_lines))
+    try:
+        [document] = bounded.load_yaml_documents(text, "policy.yaml")
+        return not size_policy(parse_policy(document)).errors
+    except PolicyError as error:
+        assert all("\n" not in p for p in error.problems)
+        return False
+
+
+def _flow(value: object) -> str:
+    return json.dumps(value)  # JSON is YAML: every string quoted, whatever it holds
+
+
+LABEL_PLACES = {
+    "nodeSelector": lambda k, v: f"runtimeClass: {{nodeSelector: {{{_flow(k)}: {_flow(v)}}}}}",
+    "nodes.selector": lambda k, v: f"nodes: {{selector: {{{_flow(k)}: {_flow(v)}}}}}",
+    "matchLabels": lambda k, v: f"admission: {{namespaces: {{selector: {{matchLabels: {{{_flow(k)}: {_flow(v)}}}}}}}}}",
+    "matchExpressions": lambda k, v: ("admission: {namespaces: {selector: {matchExpressions: "
+                                      f"[{{key: {_flow(k)}, operator: In, values: [{_flow(v)}]}}]}}}}}}"),
+}
+
+
+@SETTINGS
+@given(key=grammar.label_keys(), value=grammar.label_values(), place=st.sampled_from(sorted(LABEL_PLACES)))
+def test_label_keys_and_values_follow_the_api_servers_grammar(key, value, place):
+    assert _accepted([LABEL_PLACES[place](key, value)]) == (grammar.label_key_ok(key) and grammar.label_value_ok(value))
+
+
+@SETTINGS
+@given(tolerations=st.lists(grammar.tolerations(), min_size=1, max_size=3))
+def test_tolerations_follow_the_api_servers_rules(tolerations):
+    expected = all(grammar.toleration_ok(t) for t in tolerations) and grammar.tolerations_unique(tolerations)
+    assert _accepted([f"runtimeClass: {{tolerations: {_flow(tolerations)}}}"]) == expected
+
+
+@SETTINGS
+@given(name=st.from_regex(r"\A[a-z][a-z0-9-]{0,40}\Z") | st.text("aZ0-_.", min_size=1, max_size=12),
+       class_name=st.from_regex(r"\A[a-z0-9][a-z0-9-]{0,30}\Z") | st.text("aZ0-_.", min_size=1, max_size=12))
+def test_names_follow_the_api_servers_grammar(name, class_name):
+    # The policy name is a DNS label (it names ConfigMaps and RuntimeClasses), and so is each
+    # RuntimeClass's handler, kata-<policy>-<class>.
+    expected = (grammar.dns_label_ok(name) and grammar.dns_label_ok(class_name)
+                and grammar.dns_label_ok(f"kata-{name}-{class_name}"))
+    assert _accepted([f'classes: [{{name: {_flow(class_name)}, cpu: "1", memory: 1Gi}}]'], name=_flow(name)) == expected
+
+
+SCALAR_FIELDS = {
+    # field: (the CRD's kind, how it is written, what the CLI refuses on top: Kata's rules)
+    "hugepages": ("boolean", "hugepages: {}", lambda s: False),
+    "sandboxCgroupOnly": ("boolean", "sandboxCgroupOnly: {}", lambda s: False),
+    "admission.enabled": ("boolean", "admission: {{enabled: {}}}", lambda s: False),
+    # Kata reads at most 1024 vCPUs from a drop-in (rules.MAX_VCPUS).
+    "defaultVcpus": ("positive", 'classes: [{{name: s, cpu: "1", memory: 1Gi, defaultVcpus: {}}}]',
+                     lambda s: s.value > 1024),
+    "tolerationSeconds": ("integer", "runtimeClass: {{tolerations: [{{key: k, operator: Exists, effect: NoExecute, "
+                          "tolerationSeconds: {}}}]}}", lambda s: False),
+    "nodeSelector value": ("label-value", "runtimeClass: {{nodeSelector: {{kata: {}}}}}", lambda s: False),
+    # Memory is not negative and at most 2^63-1 bytes; a quantity is at most 64 characters.
+    "kubeReserved": ("quantity", "nodes: {{kubeReserved: {}}}", lambda s: (
+        (isinstance(s.value, int) and not 0 <= s.value < 2**63)
+        or (isinstance(s.value, str) and s.value.startswith("-") and s.value.strip("-0.") != ""))),
+}
+
+scalars = st.one_of(
+    grammar.booleans, grammar.integers(-5, 5000), grammar.floats(), grammar.plain_strings(max_size=8),
+    grammar.quantity_texts.map(grammar.quoted), grammar.plain_strings().map(lambda s: grammar.quoted(s.text)),
+    st.sampled_from(["y", "n", "1e3", "0o17", "0x1F", "1_000", "on"]).map(grammar.quoted),
+)
+
+
+@SETTINGS
+@given(field=st.sampled_from(sorted(SCALAR_FIELDS)), scalar=scalars)
+def test_yaml_scalars_mean_what_they_mean_to_the_api_server(field, scalar):
+    """Written unquoted, `y` is true and `0x10` is 16 to kubectl and the API server: the CLI
+    reads them the same and takes exactly the types the CRD's schema takes."""
+    kind, line, stricter = SCALAR_FIELDS[field]
+    server = grammar.schema_accepts(kind, scalar)
+    cli = _accepted([line.format(scalar.text)])
+    if cli:
+        assert server, f"the CLI accepts {scalar.text!r} in {field}, the API server refuses it"
+    if server and not stricter(scalar):
+        assert cli, f"the API server accepts {scalar.text!r} in {field}, the CLI refuses it"
+
+
+@SETTINGS
+@given(key=st.one_of(grammar.booleans, grammar.integers(0, 10**6), grammar.plain_strings(max_size=8)))
+def test_an_unquoted_label_key_is_the_text_kubectl_makes_of_it(key):
+    # sigs.k8s.io/yaml turns a boolean key into "true"/"false" and an integer into its decimal text.
+    text = ("true" if key.value else "false") if isinstance(key.value, bool) else str(key.value)
+    assert _accepted([f"runtimeClass: {{nodeSelector: {{{key.text}: kata}}}}"]) == grammar.label_key_ok(text)
+    policy = parse_policy(bounded.load_yaml_documents(
+        f"metadata: {{name: p}}\nspec: {{shim: qemu-runtime-rs, runtimeClass: {{nodeSelector: {{{key.text}: kata}}}}}}\n",
+        "policy.yaml")[0]) if grammar.label_key_ok(text) else None
+    if policy is not None:
+        assert policy.spec.runtime_class.node_selector == {text: "kata"}

@@ -112,10 +112,12 @@ def test_templategen_check_names_a_stale_module(tmp_path, monkeypatch):
     assert templategen.check(files) == 1
 
 
-def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch):
+def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch, tmp_path):
     import kata_sizing.controller.operator_main as operator_main
+    from tests.test_webhook import write_kubeconfig
 
     monkeypatch.setattr(operator_main, "run_operator", lambda **kwargs: 0)
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path)))  # checked before the operator starts
     args = cli.build_parser().parse_args(["operator", "--standalone"])
     gc.disable()
     try:

@@ -129,10 +129,21 @@ def test_the_admission_handler_is_registered_only_when_asked() -> None:
     assert webhook_handler_ids(build_registry(admission=True)) == [VALIDATE_HANDLER_ID]
 
 
+def write_kubeconfig(directory: Path) -> Path:
+    """A kubeconfig naming a server: `kata-sizing operator` checks for one before kopf starts."""
+    path = directory / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c"}}]}))
+    return path
+
+
 @pytest.fixture
-def captured_operator(monkeypatch) -> dict:
+def captured_operator(monkeypatch, tmp_path) -> dict:
     """What `kata-sizing operator ...` hands to kopf.operator(), without running it."""
     seen: dict = {}
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path)))
 
     async def fake_operator(**kwargs) -> None:
         seen.update(kwargs)
@@ -151,14 +162,12 @@ def test_without_webhook_flags_nothing_is_served(captured_operator) -> None:
 def test_webhook_flags_configure_kopfs_server_and_leave_the_configuration_unmanaged(
     captured_operator, tmp_path
 ) -> None:
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert.write_text("cert")
-    key.write_text("key")
-    assert cli.main(["operator", "--standalone", "--webhook-port", "9443", "--webhook-cert", str(cert),
+    cert, key = write_self_signed_cert(tmp_path)
+    assert cli.main(["operator", "--standalone", "--webhook-port", str(free_port()), "--webhook-cert", str(cert),
                      "--webhook-key", str(key), "--webhook-addr", "0.0.0.0"]) == 0
     admission = captured_operator["settings"].admission
     assert isinstance(admission.server, kopf.WebhookServer)
-    assert (admission.server.port, admission.server.addr) == (9443, "0.0.0.0")
+    assert admission.server.addr == "0.0.0.0"
     assert (admission.server.certfile, admission.server.pkeyfile) == (str(cert), str(key))
     assert admission.server.insecure is False
     # kopf would otherwise create and patch the ValidatingWebhookConfiguration (more RBAC).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.error
 import urllib.request
 import uuid
 
@@ -145,3 +146,45 @@ def test_an_api_failure_lets_the_pod_through_unrouted_with_a_warning(webhook):  
     assert any("could not route" in w for w in response.get("warnings") or []), response
     # The next one, with the API back, is routed.
     assert patch_of(post(webhook, review(pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi"))))
+
+
+def test_a_pod_it_cannot_read_is_let_through_never_refused(webhook):  # noqa: F811
+    """Issue 18: an init container or a CronJob-like shape that is not a mapping crashed the rule,
+    and the server answered allowed: false with code 500 for a webhook documented never to refuse."""
+    emu = webhook.emu
+    emu.objects(POLICIES).create(routed_policy())
+    wait_observed(emu, "routed", Ready="True")
+    malformed = pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi")
+    malformed["spec"]["initContainers"] = ["not a container"]
+    response = post(webhook, review(malformed))
+    assert response["allowed"] is True and "patch" not in response and "status" not in response
+    assert response["warnings"] == [
+        "kata-sizing could not route this pod: spec.initContainers[0]: not a container (a mapping)"]
+    labels_not_a_mapping = pod(cpu="1", memory="1Gi")
+    labels_not_a_mapping["metadata"]["labels"] = ["katasizing.dev/policy=routed"]
+    response = post(webhook, review(labels_not_a_mapping))
+    assert response["allowed"] is True and "patch" not in response
+
+
+def test_a_legal_pod_larger_than_one_mebibyte_is_reviewed(webhook):  # noqa: F811
+    """aiohttp reads 1 MiB by default and answered 413; reviews are bounded at 4 MiB (docs/inputs.md),
+    and the API server stores objects up to 1.5 MiB (etcd's request limit), a pod with its review more."""
+    emu = webhook.emu
+    emu.objects(POLICIES).create(routed_policy())
+    wait_observed(emu, "routed", Ready="True")
+    big = pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi")
+    big["metadata"]["annotations"] = {f"example.com/a{i}": "x" * 200_000 for i in range(6)}
+    assert len(json.dumps(review(big))) > 1_200_000
+    assert patch_of(post(webhook, review(big))) == [
+        {"op": "add", "path": "/spec/runtimeClassName", "value": "kata-routed-s"}]
+
+
+def test_a_review_past_the_input_bound_gets_413_with_the_reason(webhook):  # noqa: F811
+    huge = pod(cpu="1", memory="1Gi")
+    huge["metadata"]["annotations"] = {f"example.com/a{i}": "x" * 200_000 for i in range(22)}
+    request = urllib.request.Request(f"https://127.0.0.1:{webhook.port}/{ROUTE_POD_PATH_ID}",
+                                     data=json.dumps(review(huge)).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, context=webhook.context, timeout=10)
+    assert error.value.code == 413
+    assert error.value.read().decode() == "the request body is larger than the 4 MiB kata-sizing reads"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import ssl
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -20,7 +22,7 @@ import yaml
 from . import __version__
 from .core import bounded
 from .core.bounded import InputError
-from .core.model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy
+from .core.model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy, policy_set_problems
 from .core.quantity import QuantityError, cpu_cores, memory_bytes
 
 if TYPE_CHECKING:
@@ -81,31 +83,34 @@ def load_yaml_documents(path: str) -> list[object]:
 
 def load_policies(path: str) -> list[KataSizingPolicy]:
     """Every KataSizingPolicy in a file; all problems of all documents in one PolicyError."""
-    documents = load_yaml_documents(path)
-    policies, problems = [], []
-    for index, document in enumerate(documents):
-        where = f"{path}" + (f" (document {index + 1})" if len(documents) > 1 else "")
-        if isinstance(document, dict) and document.get("kind") not in (None, "KataSizingPolicy"):
-            problems.append(f"{where}: kind: {document.get('kind')!r} is not KataSizingPolicy")
-            continue
-        try:
-            policy = parse_policy(document)
-        except PolicyError as exc:
-            problems.extend(f"{where}: {line}" for line in exc.problems)
-            continue
-        if any(p.name == policy.name for p in policies):
-            # Applied together, the second would silently replace the first.
-            problems.append(f"{where}: metadata.name: a policy named {policy.name!r} is already in this file; "
-                            "names must be unique")
-        policies.append(policy)
-    if problems:
-        raise PolicyError(problems)
-    return policies
+    return load_policy_files([path])
+
+
+def load_policy_files(paths: Sequence[str]) -> list[KataSizingPolicy]:
+    """The policies of several files, applied together: each document parsed, then the set
+    checked (model.policy_set_problems); one file given twice counts once."""
+    loaded: list[tuple[str, KataSizingPolicy]] = []
+    located: list[tuple[str, str, str]] = []
+    for path in dict.fromkeys(paths):
+        documents = load_yaml_documents(path)
+        for index, document in enumerate(documents):
+            where = f"{path}" + (f" (document {index + 1})" if len(documents) > 1 else "")
+            if isinstance(document, dict) and document.get("kind") not in (None, "KataSizingPolicy"):
+                located.append((where, "kind", f"{document.get('kind')!r} is not KataSizingPolicy"))
+                continue
+            try:
+                loaded.append((where, parse_policy(document)))
+            except PolicyError as exc:
+                located.extend((where, *entry[1:]) for entry in exc.located)
+    located.extend(policy_set_problems(loaded))
+    if located:
+        raise PolicyError.at(located)
+    return [policy for _, policy in loaded]
 
 
 def _print_problems(lines: Sequence[str], prefix: str = "error") -> None:
     for line in lines:
-        print(f"{prefix}: {line}", file=sys.stderr)
+        print(f"{prefix}: {bounded.printable(line)}", file=sys.stderr)
 
 
 # --- subcommands ------------------------------------------------------------------------
@@ -163,13 +168,9 @@ def _print_values_overlay(overlays: list[tuple[str, str]], output: str) -> int:
         sys.stdout.write(overlays[0][1])  # as rendered, with its comments
         return EXIT_OK
     runtimes: dict[str, object] = {}
-    owner: dict[str, str] = {}
-    for policy_name, text in overlays:
-        for name, runtime in yaml.safe_load(text)["customRuntimes"]["runtimes"].items():
-            if name in runtimes:
-                raise PolicyError([f"{policy_name}: custom runtime {name!r} is also rendered by policy "
-                                   f"{owner[name]!r}; one overlay cannot hold both"])
-            runtimes[name], owner[name] = runtime, policy_name
+    for _, text in overlays:
+        # Custom runtimes are named after the RuntimeClasses, which load_policies keeps apart.
+        runtimes.update(yaml.safe_load(text)["customRuntimes"]["runtimes"])
     merged = {"customRuntimes": {"enabled": True, "runtimes": runtimes}}
     if output == "json":
         print(json.dumps(merged, indent=2))
@@ -210,12 +211,7 @@ def _validate_json(args: argparse.Namespace, size_policy) -> int:
     try:
         policies = load_policies(args.policy)
     except PolicyError as exc:
-        # Schema problems are lines "file: path: message"; the rule is the policy schema.
-        problems = []
-        for line in exc.problems:
-            parts = line.split(": ", 2)
-            path, message = (parts[1], parts[2]) if len(parts) == 3 else ("(policy)", line)
-            problems.append(Problem(Severity.ERROR, Rule.POLICY_SCHEMA, path, message))
+        problems = [Problem(Severity.ERROR, Rule.POLICY_SCHEMA, path, message) for _, path, message in exc.located]
         print(json.dumps({"valid": False, "policies": [], "problems": [p.as_dict() for p in problems]}, indent=2))
         return EXIT_INVALID
     report, failed = [], False
@@ -276,7 +272,7 @@ def _chosen_policy(args: argparse.Namespace, path: str) -> KataSizingPolicy:
 
 
 def _namespace_labels(args: argparse.Namespace) -> dict[str, str] | None:
-    from .core.model import label_key_problem, label_value_problem
+    from .core.kubegrammar import label_key_problem, label_value_problem
 
     if not args.namespace_label:
         return None
@@ -398,37 +394,40 @@ def _explain_pods(args: argparse.Namespace) -> int:
 
 
 def _print_pod_explanation(report: dict) -> None:
+    def line(text: str) -> None:  # names, kinds and messages come from the file: one printable line each
+        sys.stdout.write(bounded.printable(text) + "\n")
+
     pod = report["pod"]
     limits = report["limits"]
-    print(f"{pod['kind']} {pod['namespace']}/{pod['name']} (policy {report['policy']})")
-    print(f"  limits (as Kubernetes computes them): cpu {limits['cpu']}, memory {limits['memory']}"
-          + (" (no memory limit on some container)" if limits["memoryLimitMissing"] else ""))
+    line(f"{pod['kind']} {pod['namespace']}/{pod['name']} (policy {report['policy']})")
+    line(f"  limits (as Kubernetes computes them): cpu {limits['cpu']}, memory {limits['memory']}"
+         + (" (no memory limit on some container)" if limits["memoryLimitMissing"] else ""))
     if report["runtimeClass"] is None:
-        print("  class:                no runtimeClassName and not routed by this policy"
-              + (f" (the smallest class that fits is {report['smallestFit']})" if report["smallestFit"] else ""))
+        line("  class:                no runtimeClassName and not routed by this policy"
+             + (f" (the smallest class that fits is {report['smallestFit']})" if report["smallestFit"] else ""))
     elif report["class"] is None:
-        print(f"  class:                RuntimeClass {report['runtimeClass']} is not a class of this policy")
+        line(f"  class:                RuntimeClass {report['runtimeClass']} is not a class of this policy")
     else:
         how = ("routed (label katasizing.dev/policy): the smallest class that covers it" if report["routed"]
                else "its runtimeClassName")
-        print(f"  class:                {report['runtimeClass']} (class {report['class']}; {how})")
+        line(f"  class:                {report['runtimeClass']} (class {report['class']}; {how})")
     if report.get("kataRefuses"):
-        print(f"  VM Kata boots:        none: Kata refuses this pod: {report['kataRefuses']}")
+        line(f"  VM Kata boots:        none: Kata refuses this pod: {report['kataRefuses']}")
     elif report.get("vm"):
-        print(f"  VM Kata boots:        {report['vm']['vcpus']} vCPUs, {report['vm']['memoryMiB']} MiB")
-        print(f"  Kubernetes accounts:  cpu {report['accounted']['cpu']}, memory {report['accounted']['memory']}"
-              f" (limits + podFixed {report['podFixed']['cpu']}/{report['podFixed']['memory']})")
+        line(f"  VM Kata boots:        {report['vm']['vcpus']} vCPUs, {report['vm']['memoryMiB']} MiB")
+        line(f"  Kubernetes accounts:  cpu {report['accounted']['cpu']}, memory {report['accounted']['memory']}"
+             f" (limits + podFixed {report['podFixed']['cpu']}/{report['podFixed']['memory']})")
     admission = report["admission"]
     if not admission["inScope"]:
-        print("  admission:            not checked (the namespace is outside spec.admission.namespaces)")
+        line("  admission:            not checked (the namespace is outside spec.admission.namespaces)")
     elif not admission["findings"]:
-        print("  admission:            admitted")
+        line("  admission:            admitted")
     for finding in admission["findings"]:
         verdict = {"Deny": "refused", "Warn": "admitted with a warning", "Audit": "admitted (audit log)"}[
             finding["action"]]
-        print(f"  admission:            {verdict} [{finding['rule']}]: {finding['message']}")
+        line(f"  admission:            {verdict} [{finding['rule']}]: {finding['message']}")
     for warning in report.get("warnings", []):
-        print(f"  warning: {warning}")
+        line(f"  warning: {warning}")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -496,7 +495,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             runtime_classes.extend(runtime_classes_from_documents(load_yaml_documents(path)))
         except AuditError as exc:
             raise InputError(f"{path}: {exc}") from None
-    policies = [p for path in args.policy for p in load_policies(path)]
+    policies = load_policy_files(args.policy)
     report = audit_values(documents[0], runtime_classes, policies)
     if args.output == "json":
         print(json.dumps(report.as_dict(), indent=2))
@@ -516,7 +515,7 @@ def _audit_pods(args: argparse.Namespace) -> int:
         raise InputError("--pods audits pods against policies; give VALUES.yaml/RUNTIMECLASSES.yaml in a separate run")
     if not args.policy:
         raise InputError("--pods needs --policy POLICY.yaml (the classes the pods are held to)")
-    policies = [p for path in args.policy for p in load_policies(path)]
+    policies = load_policy_files(args.policy)
     try:
         pods = pods_from_documents(load_yaml_documents(args.pods), args.pods)
         namespaces = (namespace_labels_from_documents(load_yaml_documents(args.namespaces), args.namespaces)
@@ -553,14 +552,91 @@ def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
         raise InputError("--webhook-port needs --webhook-cert and --webhook-key")
     for path in filter(None, (args.webhook_cert, args.webhook_key)):
         read_text(path)  # a missing Secret mount is one line here, not a crash inside kopf
+    _tls_pair(args.webhook_cert, args.webhook_key)
     return WebhookOptions(
         port=args.webhook_port, certfile=args.webhook_cert, pkeyfile=args.webhook_key,
         addr=args.webhook_addr, insecure=args.webhook_insecure,
     )
 
 
+# Where a pod's service account token is mounted (what KubeApi.connect and kopf look for).
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def _cluster_problem() -> str | None:
+    """Why the operator could not connect the way kubectl does (a pod's service account, else
+    KUBECONFIG or ~/.kube/config with a current context that names a cluster), or None. Checked
+    before kopf starts: kopf would log a traceback and retry forever."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and Path(SERVICE_ACCOUNT_TOKEN).exists():
+        return None
+    given = os.environ.get("KUBECONFIG")
+    paths = [p for p in (given or "").split(os.pathsep) if p] or [str(Path.home() / ".kube" / "config")]
+    where = "KUBECONFIG" if given else "~/.kube/config"
+    found = [p for p in paths if Path(p).is_file()]
+    if not found:
+        return (f"no cluster to connect to: not in a pod (no service account token at {SERVICE_ACCOUNT_TOKEN}) "
+                f"and no kubeconfig ({where}: {', '.join(paths)} does not exist)")
+    configs = []
+    for path in found:
+        try:
+            documents = bounded.load_yaml_documents(read_text(path), path)
+        except InputError as exc:
+            return f"the kubeconfig cannot be read: {exc}"
+        if len(documents) != 1 or not isinstance(documents[0], dict):
+            return f"the kubeconfig {path} is not a kubeconfig (one YAML mapping)"
+        configs.append(documents[0])
+    # As kubectl merges several files: the first current-context set wins, entries by name.
+    current = next((c.get("current-context") for c in configs if c.get("current-context")), None)
+    if not current:
+        return f"the kubeconfig ({', '.join(found)}) sets no current-context"
+    contexts = {e.get("name"): e.get("context") for c in configs for e in (c.get("contexts") or [])
+                if isinstance(e, dict)}
+    context = contexts.get(current)
+    if not isinstance(context, dict):
+        return f"the kubeconfig's current-context {current!r} names no context"
+    clusters = {e.get("name"): e.get("cluster") for c in configs for e in (c.get("clusters") or [])
+                if isinstance(e, dict)}
+    cluster = clusters.get(context.get("cluster"))
+    if not isinstance(cluster, dict) or not cluster.get("server"):
+        return f"the kubeconfig's context {current!r} names no cluster with a server"
+    return None
+
+
+def _listening_port(option: str, port: int | None, addr: str | None) -> None:
+    """A port the operator can listen on, or one line saying why not (before kopf starts)."""
+    if port is None:
+        return
+    if not 1 <= port <= 65535:
+        raise InputError(f"{option}: {port} is not a TCP port (1 to 65535)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise InputError(f"{option}: cannot listen on {addr or '*'}:{port}: {exc.strerror or exc}") from None
+
+
+def _tls_pair(cert: str | None, key: str | None) -> None:
+    if cert is None or key is None:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise InputError(f"--webhook-cert/--webhook-key: {cert} and {key} are not a PEM certificate and its private "
+                         f"key ({getattr(exc, 'reason', None) or exc})") from None
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     import gc
+
+    _listening_port("--webhook-port", args.webhook_port, args.webhook_addr)
+    _listening_port("--metrics-port", args.metrics_port, args.metrics_addr)
+    webhook = _webhook_options(args)
+    problem = _cluster_problem()
+    if problem:
+        raise InputError(problem)
 
     from .controller.operator_main import MetricsOptions, run_operator  # kopf and kubernetes load only here
 
@@ -570,7 +646,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         metrics = MetricsOptions(port=args.metrics_port, addr=args.metrics_addr)
     return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace,
-                        webhook=_webhook_options(args), metrics=metrics, log_format=args.log_format,
+                        webhook=webhook, metrics=metrics, log_format=args.log_format,
                         lease=_lease_options(args))
 
 
@@ -694,13 +770,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {bounded.printable(str(exc))}", file=sys.stderr)
         return EXIT_UNREADABLE
     except PolicyError as exc:
         _print_problems(exc.problems)
         return EXIT_INVALID
     except QuantityError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {bounded.printable(str(exc))}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130

@@ -57,8 +57,15 @@ class BoundedWebhookServer(kopf.WebhookServer):
 
     async def _serve(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # noqa: ANN001 - kopf's
         try:
-            text = await request.read()
+            # aiohttp reads at most 1 MiB by default (then 413); a review is bounded like every
+            # other input (docs/inputs.md), and a legal pod may be larger than 1 MiB.
+            text = await request.clone(client_max_size=bounded.MAX_INPUT_BYTES + 1).read()
             review = bounded.load_json(text, "the request body")
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            raise aiohttp.web.HTTPRequestEntityTooLarge(
+                max_size=bounded.MAX_INPUT_BYTES, actual_size=request.content_length or 0,
+                text=f"the request body is larger than the {bounded.MAX_INPUT_BYTES // (1024 * 1024)} MiB "
+                     "kata-sizing reads") from None
         except bounded.InputError as exc:
             raise aiohttp.web.HTTPBadRequest(text=str(exc)) from None
         problem = policy_webhook.review_problem(review)
@@ -67,9 +74,9 @@ class BoundedWebhookServer(kopf.WebhookServer):
         headers = dict(request.headers)
         sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         route = self.routes.get(request.match_info.get("id") or "")
+        if route is not None:
+            return aiohttp.web.json_response(await self._never_refusing(route, review))
         try:
-            if route is not None:
-                return aiohttp.web.json_response(await route(review))
             answer = await fn(review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers)
         except WebhookError as exc:
             # A review of a resource this operator has no rule for: nothing to refuse.
@@ -80,6 +87,20 @@ class BoundedWebhookServer(kopf.WebhookServer):
                 review, allowed=False, code=500,
                 message="kata-sizing could not review this object (internal error; see the operator log)")
         return aiohttp.web.json_response(answer)
+
+
+    @staticmethod
+    async def _never_refusing(route: Callable[[dict], Awaitable[dict]], review: dict) -> dict:
+        """The operator's own routes (the routing of pods) let a pod through whatever happens:
+        the MutatingWebhookConfiguration is failurePolicy Ignore and the README promises the
+        same inside; a pod it cannot route meets the envelope policy's pod-not-routed rule."""
+        try:
+            return await route(review)
+        except Exception as exc:  # noqa: BLE001 - a refusal here would be a wrong answer
+            log.exception("admission review %s: the pod is let through unrouted", review["request"]["uid"])
+            return policy_webhook.review_response(
+                review, allowed=True, warnings=[f"kata-sizing could not route this pod ({type(exc).__name__}; "
+                                                "see the operator log); it is created unrouted"])
 
 
 def configure_webhook(settings: kopf.OperatorSettings, options: WebhookOptions) -> None:

@@ -47,18 +47,28 @@ MAX_UID_CHARS = 128
 
 def pod_to_route(review: dict) -> tuple[dict, str] | None:
     """(the pod, its namespace) when the review is the creation of a Pod without a
-    runtimeClassName (the only reviews the routing changes), else None."""
+    runtimeClassName (the only reviews the routing changes), else None. Metadata and labels that
+    are not mappings (no API server sends those) read as empty, so the pod is not routed."""
     request = review["request"]
-    kind = request.get("kind") or {}
+    kind = request.get("kind")
+    kind = kind if isinstance(kind, Mapping) else {}
     pod = request.get("object")
     if (request.get("operation") != "CREATE" or kind.get("kind") != "Pod" or kind.get("group")
             or request.get("subResource") or not isinstance(pod, dict)):
         return None
-    if (pod.get("spec") or {}).get("runtimeClassName"):
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping) or spec.get("runtimeClassName"):
         return None
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+    metadata = pod.get("metadata")
+    metadata = dict(metadata) if isinstance(metadata, Mapping) else {}
+    labels = metadata.get("labels")
+    metadata["labels"] = ({k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+                          if isinstance(labels, Mapping) else {})
+    namespace = request.get("namespace") or metadata.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        return None
     # The API server sends a pod created by a controller with generateName and no name yet.
-    metadata = {**(pod.get("metadata") or {}), "namespace": namespace}
+    metadata["namespace"] = namespace
     return {**pod, "metadata": metadata}, namespace
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from . import defaults
 from .defaults import Runtime, ShimInfo
 from . import bounded
+from .kubegrammar import is_dns_label
 from .quantity import QuantityError, cpu_cores, format_cpu, format_memory, format_vcpus, memory_bytes, shown
 from .rules import (  # noqa: F401  (Rule and Severity are part of this module's API)
     HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter,
@@ -445,6 +446,14 @@ def _check(c: _Candidate, notes: list[str], hosts: dict[str, HostOverhead]) -> t
     def finding(severity, rule, value, bound, message, fix) -> None:
         findings.append(Finding(c.name, c.handler, severity, rule, value, bound, message, fix))
 
+    if not is_dns_label(c.handler):
+        # RuntimeClass.handler is a DNS label (k8s.io/api/node/v1): the API server refuses the
+        # RuntimeClass, so no pod of this class can be created.
+        source = {"custom-runtime": f"the handler: line of {c.values_path}.runtimeClass",
+                  "shim": "env.multiInstallSuffix"}.get(c.source, f"RuntimeClass {c.name}")
+        finding(Severity.ERROR, Rule.RUNTIME_CLASS_INVALID, f"handler {shown(c.handler)}", "a DNS label",
+                f"handler {shown(c.handler)} is not a DNS label (at most 63 lower-case letters, digits and '-'): "
+                "the API server refuses this RuntimeClass", f"correct {source}")
     pod_fixed_memory = pod_fixed_cpu = None
     if c.overhead_enabled:
         pod_fixed_memory, pod_fixed_cpu = _parse_pod_fixed(c, finding)
@@ -606,7 +615,7 @@ def format_text(report: AuditReport) -> str:
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(f"{len(report.checked)} runtime classes checked: {len(report.errors)} errors, "
                  f"{len(report.warnings)} warnings")
-    return "\n".join(lines) + "\n"
+    return "\n".join(bounded.printable(line) for line in lines) + "\n"
 
 
 # --- running pods against their class (podfit.py: the same rule as the admission policies) ---------
@@ -686,7 +695,8 @@ def audit_pods(pods: list[tuple[str, dict]], policies: Sequence[KataSizingPolicy
     for sizing in sizings:
         for sized in sizing.classes:
             report.pods_per_class[sized.runtime_class] = {
-                "pods": 0, podfit.RULE_ENVELOPE_EXCEEDED: 0, podfit.RULE_MEMORY_LIMIT_MISSING: 0}
+                "pods": 0, podfit.RULE_ENVELOPE_EXCEEDED: 0, podfit.RULE_MEMORY_LIMIT_MISSING: 0,
+                podfit.RULE_SANDBOX_MEMORY_ZERO: 0}
     for where, pod in pods:
         report.checked += 1
         try:
@@ -712,12 +722,13 @@ def format_pods_text(report: PodAudit) -> str:
     lines = [f"{'error' if f.is_error else 'warning'}: [{f.rule}] {f.message}" for f in report.findings]
     if lines:
         lines.append("")
-    header = ("RUNTIMECLASS", "PODS", "OVER_ENVELOPE", "NO_MEMORY_LIMIT")
+    header = ("RUNTIMECLASS", "PODS", "OVER_ENVELOPE", "NO_MEMORY_LIMIT", "KATA_REFUSES")
     rows = [header] + [
-        (name, str(c["pods"]), str(c[podfit.RULE_ENVELOPE_EXCEEDED]), str(c[podfit.RULE_MEMORY_LIMIT_MISSING]))
+        (name, str(c["pods"]), str(c[podfit.RULE_ENVELOPE_EXCEEDED]), str(c[podfit.RULE_MEMORY_LIMIT_MISSING]),
+         str(c[podfit.RULE_SANDBOX_MEMORY_ZERO]))
         for name, c in report.pods_per_class.items()
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(f"{report.checked} pods checked: {len(report.errors)} errors, {len(report.warnings)} warnings")
-    return "\n".join(lines) + "\n"
+    return "\n".join(bounded.printable(line) for line in lines) + "\n"

@@ -14,6 +14,8 @@ import json
 import re
 import yaml
 
+from . import yamlgo
+
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # A kata-deploy values file with every shim is ~40 KiB, `kubectl get runtimeclass -o yaml`
@@ -39,8 +41,11 @@ def check_size(text: str | bytes, source: str) -> None:
                          "kata-sizing reads")
 
 
-_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-_resolver = yaml.resolver.Resolver()
+# What go-yaml tries to read as a number (yamlgo.resolve), whatever its range: a plain scalar
+# this long is refused before any parser sees its digits.
+# (One way to match each text: no nested or adjacent quantifiers that backtrack on 4 MiB.)
+_NUMERIC = re.compile(r"[-+]?(?:(?:[0-9_]+(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9_]+)?|0[xXoObB][0-9a-fA-F_]*)",
+                      re.ASCII)
 
 
 def _where(event: yaml.Event) -> str:
@@ -80,44 +85,110 @@ def _scan(text: str, source: str) -> None:
             if len(event.value) > MAX_STRING_CHARS:
                 raise InputError(f"{source}:{_where(event)} a string of {len(event.value)} characters is "
                                  f"longer than the {MAX_STRING_CHARS} kata-sizing reads")
-            if (event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS
-                    and _resolver.resolve(yaml.ScalarNode, event.value, (True, False)) in _NUMBER_TAGS):
+            if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMERIC.fullmatch(event.value):
                 raise InputError(f"{source}:{_where(event)} a number of {len(event.value)} characters; "
                                  f"numbers are at most {MAX_NUMBER_CHARS} (quote it if it is text)")
             if event.anchor is not None:
                 anchors[event.anchor] = 1
             add(1, event)
         elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in stack):
+                # go-yaml (kubectl) refuses a collection that contains itself.
+                raise InputError(f"{source}:{_where(event)} the alias *{event.anchor} is inside the collection it "
+                                 "names (a document that contains itself)")
             add(anchors.get(event.anchor, 1), event)
 
 
-class _StrictLoader(_Loader):  # type: ignore[misc, valid-type]
-    """Safe loading that refuses a key given twice in one mapping (YAML says keys are
-    unique; PyYAML would keep the last one silently)."""
+class _GoLoader(_Loader):  # type: ignore[misc, valid-type]
+    """Safe loading that reads plain scalars as go-yaml v2 does and converts keys as kubectl
+    does (yamlgo), and refuses a key given twice in one mapping (YAML says keys are unique;
+    PyYAML and go-yaml would keep the last one silently)."""
+
+    def resolve(self, kind, value, implicit):  # noqa: ANN001 - PyYAML's signature
+        if kind is yaml.ScalarNode and implicit[0]:
+            return yamlgo.resolve(value)[0]
+        return super().resolve(kind, value, implicit)
+
+    def construct_go_scalar(self, node: yaml.ScalarNode) -> object:
+        text = self.construct_scalar(node)
+        tag, value = yamlgo.resolve(text)
+        if tag == node.tag:
+            return value
+        if node.tag == yamlgo.FLOAT_TAG and tag == yamlgo.INT_TAG:
+            return float(value)
+        # An explicit tag the text does not fit (go-yaml: "cannot decode !!str `x` as a !!int").
+        raise yaml.constructor.ConstructorError(
+            None, None, f"cannot read {text[:40]!r} as {node.tag.rsplit(':', 1)[-1]}", node.start_mark)
+
+    def _key(self, key_node: yaml.Node) -> str:
+        try:
+            return yamlgo.key_text(self.construct_object(key_node, deep=True))
+        except (ValueError, TypeError) as exc:
+            raise yaml.constructor.ConstructorError(None, None, str(exc), key_node.start_mark) from None
 
     def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[tuple[str, str], yaml.Node] = {}
-            for key_node, _ in node.value:
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.value == "<<":
-                    continue
-                key = (key_node.tag, key_node.value)
-                if key in seen:
-                    first = seen[key].start_mark
-                    raise yaml.constructor.ConstructorError(
-                        None, None,
-                        f"key {key_node.value!r} is given twice in one mapping (first at line {first.line + 1})",
-                        key_node.start_mark)
-                seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep=deep)
+        seen: dict[str, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == yamlgo.MERGE_TAG:
+                continue
+            key = self._key(key_node)
+            if key in seen:
+                first = seen[key].start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (first at line {first.line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node
+        self.flatten_mapping(node)  # merged keys first, so the mapping's own keys win, as in Go
+        return {self._key(key_node): self.construct_object(value_node, deep=deep)
+                for key_node, value_node in node.value}
+
+
+for _tag in (yamlgo.BOOL_TAG, yamlgo.INT_TAG, yamlgo.FLOAT_TAG, yamlgo.NULL_TAG):
+    _GoLoader.add_constructor(_tag, _GoLoader.construct_go_scalar)
+# `<<` as a value (not a key) is the text "<<" to go-yaml.
+_GoLoader.add_constructor(yamlgo.MERGE_TAG, _GoLoader.construct_scalar)
+
+
+def _as_sent(document: object, source: str) -> object:
+    """Numbers as the API server holds them after kubectl's JSON round trip (yamlgo.json_number);
+    NaN and infinities, which JSON cannot carry, are refused with their path."""
+
+    def number(value: int | float, path: str) -> int | float:
+        try:
+            return yamlgo.json_number(value)
+        except ValueError:
+            raise InputError(f"{source}: {path or '(document)'}: {value!r} cannot be sent as JSON (kubectl: "
+                             "\"json: unsupported value\"); quote it if it is text") from None
+
+    if not isinstance(document, (dict, list)):
+        is_number = isinstance(document, (int, float)) and not isinstance(document, bool)
+        return number(document, "") if is_number else document
+    pending: list[tuple[object, str]] = [(document, "")]
+    seen: set[int] = set()  # an alias shares its collection: each is converted once
+    while pending:
+        value, path = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+            if isinstance(item, (dict, list)):
+                pending.append((item, where))
+            elif isinstance(item, (int, float)) and not isinstance(item, bool):
+                value[key] = number(item, where)
+    return document
 
 
 def load_yaml_documents(text: str, source: str) -> list[object]:
-    """The non-empty documents of a YAML stream, bounded; `InputError` names the line."""
+    """The non-empty documents of a YAML stream, bounded and read as kubectl reads them
+    (yamlgo); `InputError` names the line."""
     check_size(text, source)
     try:
         _scan(text, source)
-        return [doc for doc in yaml.load_all(text, Loader=_StrictLoader) if doc is not None]
+        return [_as_sent(doc, source) for doc in yaml.load_all(text, Loader=_GoLoader) if doc is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
@@ -167,6 +238,15 @@ def check_structure(document: object, source: str) -> None:
             raise InputError(f"{source}: a string of {len(value)} characters is longer than {MAX_STRING_CHARS}")
         elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
             raise InputError(f"{source}: an integer of {value.bit_length()} bits; numbers are at most 128 bits")
+
+
+def printable(text: str) -> str:
+    """Text for a line of a text report: every character that does not print (control
+    characters, terminal escapes, line separators, bidi overrides) as its escape, so a pod
+    named "a\\nerror: ..." cannot forge a line of the report."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u2028\u2029]")

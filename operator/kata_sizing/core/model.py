@@ -8,6 +8,7 @@ here; `sizing` parses them exactly with `quantity`.
 # No `from __future__ import annotations`: pydantic would compile and evaluate every field's
 # annotation from its string when the models are built, on each CLI start.
 import re
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Annotated, Literal
 
@@ -18,7 +19,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -26,9 +26,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 import yaml
 
-from . import bounded, defaults
+from . import bounded, defaults, yamlgo
 from .defaults import Runtime
+from .kubegrammar import DNS_LABEL, duplicate_tolerations, label_key_problem, label_value_problem, toleration_problems
 from .quantity import QuantityError, cpu_cores, memory_bytes
+from .rules import MAX_VCPUS
 
 GROUP = "katasizing.dev"
 VERSION = "v1alpha1"
@@ -37,23 +39,59 @@ KIND = "KataSizingPolicy"
 PLURAL = "katasizingpolicies"
 SHORT_NAME = "ksp"
 
-# Used with fullmatch: Python's `$` also matches before a trailing newline ("s\n").
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# k8s.io/apimachinery validation: a label name/value (63 characters at most).
-LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", re.ASCII)
 # RuntimeClass.handler must be a DNS label (k8s.io/api/node/v1), so the whole name is one.
 MAX_HANDLER_LENGTH = 63
 
 _INT_OR_STRING = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
 
 
-def _as_text(value: object) -> object:
+INT64_MAX = 2**63 - 1
+
+
+def _as_quantity_text(value: object) -> object:
+    """An int-or-string quantity field: the API server takes an integer or a string there and
+    refuses a boolean or a number with a fraction (docs/inputs.md)."""
     if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float, Decimal)):
-        return format(Decimal(repr(value)) if isinstance(value, float) else Decimal(value), "f")
+        raise ValueError(f"{_described(value)} is not a quantity; the API server takes an integer or a string "
+                         "here (x-kubernetes-int-or-string)" + _yaml_boolean_hint(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, Decimal):  # Python callers (calibrate); never from YAML or JSON
+        return format(value, "f")
+    if isinstance(value, float):
+        raise ValueError(f"{_described(value)} is not an integer, and the API server takes only an integer or a "
+                         f"string here (x-kubernetes-int-or-string): write \"{_number_text(value)}\" in quotes")
     return value
+
+
+def _number_text(value: float) -> str:
+    return format(Decimal(repr(value)), "f") if abs(value) < 1e21 else repr(value)
+
+
+def _described(value: object) -> str:
+    """A value as a message names it, with its type, bounded and on one line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {'true' if value else 'false'}"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value[:60]!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def _yaml_boolean_hint(value: object) -> str:
+    # go-yaml (kubectl, Helm, the API server) reads YAML 1.1: these words unquoted are booleans.
+    if isinstance(value, bool):
+        return "; YAML reads an unquoted y, n, yes, no, on, off, true or false as a boolean: quote it"
+    return ""
 
 
 def _check_memory(text: str) -> str:
@@ -100,22 +138,25 @@ def _check_fraction(text: str) -> str:
 
 
 MemoryQuantity = Annotated[
-    str, BeforeValidator(_as_text), AfterValidator(_check_memory), WithJsonSchema(_INT_OR_STRING)
+    str, BeforeValidator(_as_quantity_text), AfterValidator(_check_memory), WithJsonSchema(_INT_OR_STRING)
 ]
 CpuQuantity = Annotated[
-    str, BeforeValidator(_as_text), AfterValidator(_check_cpu), WithJsonSchema(_INT_OR_STRING)
+    str, BeforeValidator(_as_quantity_text), AfterValidator(_check_cpu), WithJsonSchema(_INT_OR_STRING)
 ]
+# The CRD types these as strings (a fraction must not pass through a binary float), so a YAML
+# number is refused, as the API server refuses it.
 DecimalString = Annotated[
     str,
-    BeforeValidator(_as_text),
     AfterValidator(_check_fraction),
     WithJsonSchema({"type": "string", "pattern": DECIMAL_PATTERN, "maxLength": MAX_DECIMAL_CHARS}),
 ]
 
 
 class _Model(BaseModel):
+    # strict: a field gets exactly the JSON type the CRD's structural schema gives it, as the
+    # API server holds it; no "false" for false, no "2" for 2 (docs/inputs.md).
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
 
 
@@ -256,6 +297,25 @@ class SizeClass(_Model):
             )
         return value
 
+    @field_validator("cpu")
+    @classmethod
+    def _cpu_fits_cel(cls, value: str) -> str:
+        # The admission policies compare a pod's CPU with this envelope in CEL, whose integers
+        # are int64: a larger literal makes the API server refuse them (docs/admission.md).
+        millicores = cpu_cores(value) * 1000
+        if millicores > INT64_MAX:
+            raise ValueError(
+                f"{value} is {int(millicores)} millicores; the admission policies compare CPU in int64 "
+                f"millicores, at most {INT64_MAX}m")
+        return value
+
+    @field_validator("overhead_vcpus")
+    @classmethod
+    def _vcpus_kata_reads(cls, value: str | None) -> str | None:
+        if value is not None and Decimal(value) > MAX_VCPUS:
+            raise ValueError(f"{value} is above {MAX_VCPUS} vCPUs, the most a Kata drop-in is read with")
+        return value
+
     @field_validator("memory")
     @classmethod
     def _memory_positive(cls, value: str) -> str:
@@ -264,22 +324,8 @@ class SizeClass(_Model):
         return value
 
 
-def label_key_problem(key: str) -> str | None:
-    """Why `key` is not a Kubernetes label key (optional DNS-subdomain prefix and a name)."""
-    prefix, _, name = key.rpartition("/")
-    if (prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix))) or len(name) > 63 \
-            or not LABEL_NAME.fullmatch(name):
-        return f"{key[:80]!r} is not a label key ([prefix/]name, name of letters, digits, '-', '_', '.')"
-    return None
-
-
-def label_value_problem(value: str) -> str | None:
-    if value and (len(value) > 63 or not LABEL_NAME.fullmatch(value)):
-        return f"{value[:80]!r} is not a label value (at most 63 letters, digits, '-', '_', '.')"
-    return None
-
-
 def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    # Copied into RuntimeClass scheduling, node and namespace selectors: ValidateLabels.
     for key, value in labels.items():
         problem = label_key_problem(key) or label_value_problem(value)
         if problem:
@@ -300,14 +346,13 @@ class Toleration(_Model):
         default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
     )
 
-    @field_validator("key", "value")
-    @classmethod
-    def _label_text(cls, value: str | None, info: ValidationInfo) -> str | None:
-        check = label_key_problem if info.field_name == "key" else label_value_problem
-        problem = check(value) if value else None
-        if problem:
-            raise ValueError(problem)
-        return value
+    @model_validator(mode="after")
+    def _kubernetes_accepts(self) -> "Toleration":
+        # The RuntimeClass's scheduling.tolerations get ValidateTolerations on the API server.
+        problems = toleration_problems(self.model_dump(by_alias=True))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class RuntimeClassSpec(_Model):
@@ -333,6 +378,14 @@ class RuntimeClassSpec(_Model):
     )
 
     _node_selector_labels = field_validator("node_selector")(_check_labels)
+
+    @field_validator("tolerations")
+    @classmethod
+    def _tolerations_unique(cls, value: list[Toleration]) -> list[Toleration]:
+        for first, again in duplicate_tolerations([t.model_dump(by_alias=True) for t in value]):
+            raise ValueError(f"tolerations[{again}] repeats tolerations[{first}] (the same key, operator, value and "
+                             "effect); a RuntimeClass may not hold a toleration twice")
+        return value
 
     @field_validator("name_prefix")
     @classmethod
@@ -369,7 +422,7 @@ class Nodes(_Model):
     @field_validator("infra_pod_memory", mode="before")
     @classmethod
     def _auto_or_quantity(cls, value: object) -> object:
-        value = _as_text(value)
+        value = _as_quantity_text(value)
         if isinstance(value, str) and value != "auto":
             _check_memory(value)
         return value  # anything but a string fails the field's own str type check
@@ -583,7 +636,7 @@ class _Status(_Model):
     """Status is written by the operator and never parsed from input (parse_policy drops it):
     these models are built on first use (crdgen, the tests), not on every CLI run."""
 
-    model_config = ConfigDict(defer_build=True)
+    model_config = ConfigDict(defer_build=True, strict=False)
 
 
 class Condition(_Status):
@@ -654,7 +707,8 @@ class PodAuditCount(_Status):
     """How many running pods of one class break one rule."""
 
     class_name: str = Field(alias="class", description="The class (none: a pod asking to be routed that has no class).")
-    rule: str = Field(description="The rule id (docs/rules.md): pod-envelope-exceeded, pod-memory-limit-missing, pod-not-routed.")
+    rule: str = Field(description="The rule id (docs/rules.md): pod-envelope-exceeded, pod-memory-limit-missing, "
+                      "pod-not-routed, pod-sandbox-memory-zero.")
     pods: int = Field(description="Pods breaking it.")
 
 
@@ -727,8 +781,9 @@ class KataSizingPolicy(_Model):
                     f"{source}: RuntimeClass/handler {name!r} is {len(name)} characters; "
                     "a handler is a DNS label of at most 63"
                 )
-            if not isinstance(yaml.safe_load(name), str):
-                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date.
+            if not isinstance(yaml.safe_load(name), str) or yamlgo.resolve(name)[0] != yamlgo.STR_TAG:
+                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date
+                # (PyYAML), 1e-5 a number (go-yaml, Helm's reader).
                 raise ValueError(
                     f"{source}: RuntimeClass/handler {name!r} would read as a number or date "
                     "in YAML; start the prefix with a letter"
@@ -750,9 +805,39 @@ def _key_text(key: object) -> str:
     return text if text.isprintable() and text.strip() == text and text else repr(key)
 
 
-def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
-    """One line per problem: `spec.classes[1].memory: <rule>`."""
-    lines = []
+# pydantic's error types -> what the CRD's structural schema says the field is.
+_TYPE_ERRORS = {
+    "bool_type": ("true or false", "boolean"),
+    "int_type": ("a whole number", "integer"),
+    "string_type": ("a string", "string"),
+    "dict_type": ("a mapping", "object"),
+    "model_type": ("a mapping", "object"),
+    "model_attributes_type": ("a mapping", "object"),
+    "list_type": ("a list", "array"),
+}
+
+
+def _type_message(error_type: str, value: object) -> str:
+    """A type the API server refuses, said the way its structural schema says it, with the
+    value as YAML gave it and how to write what was meant."""
+    wanted, schema_type = _TYPE_ERRORS[error_type]
+    message = f"must be {wanted} (the CRD's type {schema_type}), not {_described(value)}"
+    if schema_type == "string":
+        if isinstance(value, bool):
+            return message + _yaml_boolean_hint(value)
+        if isinstance(value, (int, float)):
+            return message + "; YAML reads it as a number: quote it"
+    if schema_type == "boolean" and isinstance(value, str) and value.lower() in ("true", "false"):
+        return message + f"; write {value.lower()} without quotes"
+    if schema_type == "integer" and isinstance(value, str) and value.strip().lstrip("+-").isascii() \
+            and value.strip().lstrip("+-").isdigit():
+        return message + f"; write {value.strip()} without quotes"
+    return message
+
+
+def validation_problems(exc: ValidationError, root: str = "") -> list[tuple[str, str]]:
+    """(field path, message) per problem: `("spec.classes[1].memory", <rule>)`."""
+    located = []
     for error in exc.errors(include_url=False):
         path = root
         for part in error["loc"]:
@@ -770,30 +855,70 @@ def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
             message = "unknown field (not part of KataSizingPolicy)"
         elif error["type"] == "missing":
             message = "required field is missing"
-        lines.append(f"{path or '(policy)'}: {message}")
-    return lines
+        elif error["type"] in _TYPE_ERRORS:
+            message = _type_message(error["type"], error.get("input"))
+        located.append((path or "(policy)", message))
+    return located
+
+
+def format_validation_error(exc: ValidationError, root: str = "") -> list[str]:
+    """One line per problem: `spec.classes[1].memory: <rule>`."""
+    return [f"{path}: {message}" for path, message in validation_problems(exc, root)]
 
 
 class PolicyError(ValueError):
-    """A policy that is not valid; `problems` holds one line per violated rule."""
+    """A policy that is not valid; `problems` holds one line per violated rule, `located` the
+    same as (source, field path, message) where the field is known ("" where it is not)."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], located: list[tuple[str, str, str]] | None = None):
         super().__init__("; ".join(problems))
         self.problems = problems
+        self.located = located if located is not None else [("", "(policy)", p) for p in problems]
+
+    @classmethod
+    def at(cls, located: list[tuple[str, str, str]]) -> "PolicyError":
+        return cls([": ".join(part for part in entry if part) for entry in located], located)
+
+
+def policy_set_problems(policies: Sequence[tuple[str, "KataSizingPolicy"]]) -> list[tuple[str, str, str]]:
+    """Policies applied together (one file, or the files of one command), as (source, path,
+    message): two of one name would replace each other, and two that name the same RuntimeClass
+    (an explicit namePrefix equal to another's default included) would fight over it."""
+    problems = []
+    names: dict[str, str] = {}
+    owners: dict[str, tuple[str, str, str]] = {}
+    for source, policy in policies:
+        if policy.name in names:
+            problems.append((source, "metadata.name", f"a policy named {policy.name!r} is already in "
+                             f"{names[policy.name]}; names must be unique"))
+            continue
+        names[policy.name] = source
+        field = "spec.runtimeClass.namePrefix" if policy.spec.runtime_class.name_prefix else "metadata.name"
+        for size_class in policy.spec.effective_classes:
+            runtime_class = f"{policy.runtime_class_prefix}-{size_class.name}"
+            if runtime_class in owners:
+                other_source, other, other_class = owners[runtime_class]
+                problems.append((source, field, (
+                    f"RuntimeClass {runtime_class} (class {size_class.name}) is also RuntimeClass {runtime_class} of "
+                    f"policy {other!r} (class {other_class}, {other_source}): the two policies would overwrite "
+                    "each other's RuntimeClass and kata-deploy runtime; change a namePrefix or a class name")))
+            else:
+                owners[runtime_class] = (source, policy.name, size_class.name)
+    return problems
 
 
 def parse_policy(document: object) -> KataSizingPolicy:
     """A KataSizingPolicy from a parsed YAML/JSON document or a live object's body."""
     if not isinstance(document, dict):
-        raise PolicyError([f"(policy): expected a mapping (a KataSizingPolicy), got {type(document).__name__}"])
+        raise PolicyError.at([("", "(policy)", f"expected a mapping (a KataSizingPolicy), got {type(document).__name__}")])
     try:
         # Bodies from the API server or a review are parsed already: bound them here too.
         bounded.check_structure(document, "(policy)")
     except bounded.InputError as exc:
-        raise PolicyError([str(exc)]) from None
+        raise PolicyError.at([("", "(policy)", str(exc).removeprefix("(policy): "))]) from None
     body = {key: document[key] for key in ("apiVersion", "kind", "metadata", "spec", "status") if key in document}
     unknown = sorted(set(document) - set(body), key=str)
-    problems = [f"{_key_text(key)}: unknown top-level field" for key in unknown]
+    problems = [("", _key_text(key), "unknown top-level field") for key in unknown]
     if isinstance(body.get("metadata"), dict):
         # Live objects carry server fields (managedFields, resourceVersion...); keep what we read.
         meta = body["metadata"]
@@ -803,7 +928,7 @@ def parse_policy(document: object) -> KataSizingPolicy:
     try:
         policy = KataSizingPolicy.model_validate(body)
     except ValidationError as exc:
-        raise PolicyError(problems + format_validation_error(exc)) from None
+        raise PolicyError.at(problems + [("", path, message) for path, message in validation_problems(exc)]) from None
     if problems:
-        raise PolicyError(problems)
+        raise PolicyError.at(problems)
     return policy

@@ -27,7 +27,9 @@ Interface (used by the operator, the webhook, the CLI):
 - `pod_spec_of(obj) -> dict`: the pod spec of a Pod or of a workload's pod template.
 - `pod_limits(pod_or_spec) -> PodLimits`: effective limits (millicores, bytes; None: none set).
 - `route(limits, sizing) -> ClassSizing | None`: the smallest class whose envelope covers them.
-- `check_limits(limits, runtime_class, sizing, ...) -> list[PodFinding]`: the rule on figures.
+- `check_limits(limits, runtime_class, sizing, ...) -> list[PodFinding]`: the rule on figures
+  (with, for a runtime-rs class of a 0 MiB default_memory or overhead_memory, the pods Kata
+  would refuse to start: rule pod-sandbox-memory-zero, docs/rules.md).
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
   applies (only runtimeClassName; see `route_patch`).
@@ -43,7 +45,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from .model import LabelSelector
-from .quantity import QuantityError, cpu_cores, memory_bytes, shown
+from .quantity import MIB, QuantityError, cpu_cores, memory_bytes, shown
 
 if TYPE_CHECKING:
     from .model import KataSizingPolicy
@@ -60,6 +62,7 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 RULE_MEMORY_LIMIT_MISSING = "pod-memory-limit-missing"
 RULE_ENVELOPE_EXCEEDED = "pod-envelope-exceeded"
 RULE_NOT_ROUTED = "pod-not-routed"
+RULE_SANDBOX_MEMORY_ZERO = "pod-sandbox-memory-zero"
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "ReplicationController")
 
@@ -82,7 +85,7 @@ def pod_spec_of(obj: Mapping) -> dict:
         spec = {"template": obj.get("template")}
         kind = "Deployment"
     if kind == "CronJob":
-        spec = ((spec or {}).get("jobTemplate") or {}).get("spec") if isinstance(spec, Mapping) else None
+        spec = _mapping(_mapping(spec).get("jobTemplate")).get("spec")
         kind = "Job"
     if kind in WORKLOAD_KINDS:
         template = spec.get("template") if isinstance(spec, Mapping) else None
@@ -204,7 +207,9 @@ def pod_limits(pod_or_spec: Mapping) -> PodLimits:
     container_paths = [f"spec.containers[{i}]" for i in range(len(containers))]
     init_paths = [f"spec.initContainers[{i}]" for i in range(len(init_containers))]
     regular = [_limits_of(c, p) for c, p in zip(containers, container_paths)]
-    inits = [(c.get("restartPolicy") == "Always", _limits_of(c, p)) for c, p in zip(init_containers, init_paths)]
+    # _limits_of refuses an init container that is not a mapping before its restartPolicy is read.
+    inits = [(_limits_of(c, p), c) for c, p in zip(init_containers, init_paths)]
+    inits = [(c.get("restartPolicy") == "Always", limits) for limits, c in inits]
     pod_resources = spec.get("resources") or {}
     if not isinstance(pod_resources, Mapping):
         raise PodInputError("spec.resources: not a mapping")
@@ -286,6 +291,42 @@ def _fit_text(limits: PodLimits, sizing: PolicySizing) -> str:
     return f"no class of policy {sizing.policy.name} fits ({_largest_text(sizing)})"
 
 
+def zero_sandbox_classes(sizing: PolicySizing) -> tuple[list[bool], list[bool]]:
+    """Per class: (default_memory is 0, overhead_memory is 0) in runtime-rs, where Kata boots a
+    pod without limits with default_memory and a pod with limits with its memory limit plus
+    overhead_memory, and refuses a 0 MiB sandbox (sizing.simulate_rust). The Go runtime never
+    boots 0 MiB (it replaces a default_memory below 256 MiB)."""
+    from .defaults import Runtime
+
+    if sizing.runtime is not Runtime.RUST:
+        return [False] * len(sizing.classes), [False] * len(sizing.classes)
+    return ([c.default_memory_mib == 0 for c in sizing.classes],
+            [c.overhead_memory_mib == 0 for c in sizing.classes])
+
+
+def _kata_refusal(limits: PodLimits, sized: ClassSizing, sizing: PolicySizing) -> str | None:
+    """Why Kata refuses to start this pod on its class (the class is one of a zero sandbox), or None."""
+    from .sizing import SandboxRefused, simulate_rust
+
+    index = sizing.classes.index(sized)
+    default_zero, overhead_zero = zero_sandbox_classes(sizing)
+    if not (default_zero[index] or overhead_zero[index]):
+        return None
+    cpu = None if limits.cpu_millis is None else Decimal(limits.cpu_millis) / 1000
+    try:
+        simulate_rust(cpu, limits.memory_bytes, sized.overhead_vcpus, sized.overhead_memory_mib,
+                      sized.default_vcpus, sized.default_memory_mib, sizing.hypervisor)
+    except SandboxRefused as exc:
+        boots = (_BOOTS_WITHOUT_LIMITS if limits.cpu_millis is None and limits.memory_bytes is None
+                 else _BOOTS_WITH_LIMITS)
+        return f"{exc} (class {sized.name} {boots}, which is 0; {_figures(limits)})"
+    return None
+
+
+_BOOTS_WITHOUT_LIMITS = "boots a pod without limits with default_memory"
+_BOOTS_WITH_LIMITS = "boots a pod with limits with its memory limit in MiB plus overhead_memory"
+
+
 def _figures(limits: PodLimits) -> str:
     return f"limits cpu {show_cpu_millis(limits.cpu_millis)}, memory {show_memory_bytes(limits.memory_bytes)}"
 
@@ -338,6 +379,12 @@ def check_limits(limits: PodLimits, runtime_class: str, sizing: PolicySizing, na
                 f"and Kubernetes accounts only those plus podFixed; set limits.memory ({_figures(limits)}; "
                 f"class {sized.name}: {_envelope_text(sized)}; {_fit_text(limits, sizing)})",
                 fit_name, limits))
+        refusal = _kata_refusal(limits, sized, sizing)
+        if refusal:
+            # Admitted, it would never start; the envelope policy refuses it (docs/rules.md).
+            findings.append(PodFinding(
+                namespace, name, runtime_class, sized.name, RULE_SANDBOX_MEMORY_ZERO, admission.envelope_exceeded,
+                f"{who} on RuntimeClass {runtime_class}: Kata refuses to start it: {refusal}", fit_name, limits))
         if not covers(sized, limits):
             findings.append(PodFinding(
                 namespace, name, runtime_class, sized.name, RULE_ENVELOPE_EXCEEDED,
@@ -381,7 +428,9 @@ def in_scope(policy: KataSizingPolicy, namespace: str, namespace_labels: Mapping
     """The namespace is one spec.admission applies to. Without its labels, only the name is
     known (the label kubernetes.io/metadata.name, which the API server sets on every namespace)."""
     labels = dict(namespace_labels or {})
-    labels.setdefault(NAMESPACE_NAME_LABEL, namespace)
+    # The API server sets this label to the namespace's name itself (NamespaceDefaultLabelName);
+    # a file that says otherwise is wrong, and the name decides.
+    labels[NAMESPACE_NAME_LABEL] = namespace
     return selector_matches(namespace_selector(policy), labels)
 
 
@@ -610,6 +659,7 @@ def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
                     "of a VM that large; ' + variables.fitText"),
                 "reason": "Forbidden",
             },
+            *_cel_kata_refusal(sizing),
             {
                 # Routing (the MutatingAdmissionPolicy, or the operator's webhook) ran before
                 # validation: an opted-in pod still without a class fits none, or was not routed.
@@ -624,6 +674,32 @@ def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
             },
         ],
     }
+
+
+def _cel_kata_refusal(sizing: PolicySizing) -> list[dict]:
+    """The validation that refuses a pod Kata would refuse to start (_kata_refusal), for a policy
+    with a class of a zero sandbox; none otherwise, so other policies' CEL is unchanged."""
+    from .rules import sandbox_zero_message
+
+    default_zero, overhead_zero = zero_sandbox_classes(sizing)
+    if not (any(default_zero) or any(overhead_zero)):
+        return []
+    no_limits = "(!variables.cpuSet && !variables.memorySet)"
+    refused = (f"({no_limits} ? {_cel_bools(default_zero)}[variables.own] : "
+               f"({_cel_bools(overhead_zero)}[variables.own] && variables.memory < {MIB}))")
+    return [{
+        "expression": f"!({_cel_in_class()}) || !{refused}",
+        "messageExpression": (
+            "variables.who + ' on RuntimeClass ' + object.spec.runtimeClassName + ': Kata refuses to start it: ' + "
+            f"{_cel_string(sandbox_zero_message(sizing.hypervisor))} + ' (class ' + "
+            f"variables.classNames[variables.own] + ' ' + ({no_limits} ? {_cel_string(_BOOTS_WITHOUT_LIMITS)} : "
+            f"{_cel_string(_BOOTS_WITH_LIMITS)}) + ', which is 0; ' + variables.figures + ')'"),
+        "reason": "Forbidden",
+    }]
+
+
+def _cel_bools(values: Sequence[bool]) -> str:
+    return "[" + ", ".join("true" if v else "false" for v in values) + "]"
 
 
 _CEL_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'" + r'|"((?:[^"\\]|\\.)*)"', re.S)

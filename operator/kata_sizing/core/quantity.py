@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 
 MIB = 1024 * 1024
 # k8s.io/apimachinery resource.Quantity: "no quantity may represent a number greater than
@@ -40,6 +40,9 @@ _QUANTITY = re.compile(
 MAX_QUANTITY_CHARS = 64
 
 
+# Decimal precision that keeps sums and products of bounded inputs exact.
+_EXACT_DIGITS = 200
+
 _SHOWN = reprlib.Repr()  # attributes, not keywords: Python 3.11's Repr takes none
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
 
@@ -62,10 +65,12 @@ def parse_quantity(text: str | int | float | Decimal) -> Decimal:
     if not isinstance(text, (str, int, float, Decimal)):
         raise QuantityError(f"{shown(text)} is not a quantity")
     try:
-        if isinstance(text, str):
-            value = _parse_text(text)
-        else:
-            value = Decimal(repr(text)) if isinstance(text, float) else Decimal(text)
+        with localcontext() as context:
+            context.prec = _EXACT_DIGITS  # 64 characters of digits times a suffix, exactly
+            if isinstance(text, str):
+                value = _parse_text(text)
+            else:
+                value = Decimal(repr(text)) if isinstance(text, float) else Decimal(text)
     except ArithmeticError:
         value = None
     if value is None or not value.is_finite() or abs(value) > MAX_QUANTITY:
@@ -111,8 +116,10 @@ def cpu_cores(text: str | int | float | Decimal) -> Decimal:
     value = parse_quantity(text)
     if value < 0:
         raise QuantityError(f"{text!r} is negative; CPU must be zero or more")
-    millicores = (value * 1000).to_integral_value(rounding="ROUND_CEILING")
-    return millicores / 1000
+    with localcontext() as context:
+        context.prec = _EXACT_DIGITS
+        millicores = (value * 1000).to_integral_value(rounding="ROUND_CEILING")
+        return millicores / 1000
 
 
 def mib_ceil(size_bytes: int) -> int:
@@ -135,10 +142,14 @@ def format_mib(size_mib: int) -> str:
 
 def format_cpu(cores: Decimal) -> str:
     """`250m` below a whole core or for fractions, `2` for whole cores."""
-    millicores = (Decimal(cores) * 1000).to_integral_value(rounding="ROUND_CEILING")
+    with localcontext() as context:
+        # Exact for every value a field can hold (40 characters of digits and more): the
+        # default 28 digits would round the product and fail the remainder.
+        context.prec = _EXACT_DIGITS
+        millicores = int((Decimal(cores) * 1000).to_integral_value(rounding="ROUND_CEILING"))
     if millicores % 1000 == 0:
-        return str(int(millicores // 1000))
-    return f"{int(millicores)}m"
+        return str(millicores // 1000)
+    return f"{millicores}m"
 
 
 def format_vcpus(cores: Decimal) -> str:

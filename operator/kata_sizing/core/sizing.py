@@ -14,7 +14,7 @@ from . import defaults
 from .calibrate import Sample as SurveySample
 from .calibrate import CalibrationError, Fit, fit_overhead, guest_budget_mib
 from .defaults import Runtime
-from .model import KataSizingPolicy, KataSizingPolicySpec, SizeClass
+from .model import Admission, KataSizingPolicy, KataSizingPolicySpec, SizeClass
 from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, memory_bytes, mib_ceil
 from .rules import (  # noqa: F401  (Problem and Severity are re-exported for the other modules)
     HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, check_shim, read_drop_in,
@@ -281,7 +281,19 @@ def _policy_where(index: int, name: str) -> Where:
     )
 
 
-def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> list[Problem]:
+def admission_of_refused_pods(admission: Admission) -> str:
+    """What happens at admission to a pod Kata will refuse (podfit rule pod-sandbox-memory-zero,
+    in the envelope policy, with its action): docs/rules.md says why it is refused there."""
+    if not admission.enabled:
+        return ("spec.admission.enabled is false, so such pods are admitted and then fail to start; enable "
+                "admission to have them refused")
+    if admission.envelope_exceeded != "Deny":
+        return (f"spec.admission.envelopeExceeded is {admission.envelope_exceeded}, so such pods are admitted "
+                "and then fail to start; with Deny they are refused (rule pod-sandbox-memory-zero)")
+    return "the admission policy refuses such pods (rule pod-sandbox-memory-zero)"
+
+
+def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction, admission: Admission) -> list[Problem]:
     """The rules of docs/rules.md on each class as rendered (rules.check_class)."""
     problems = []
     host = HostOverhead(fn.host_memory_mib, fn.host_cpu)
@@ -291,6 +303,8 @@ def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction) -> 
         for problem in check_class(sized.kata, pod_fixed, host, where):
             if problem.rule == Rule.SANDBOX_CGROUP_ONLY and index:
                 continue  # one policy field: said once, not per class
+            if problem.rule == Rule.SANDBOX_MEMORY_ZERO and problem.severity == Severity.WARNING:
+                problem = replace(problem, message=f"{problem.message}; {admission_of_refused_pods(admission)}")
             problems.append(problem)
         if sized.largest_vm.memory_mib <= 0:
             problems.append(Problem(Severity.ERROR, Rule.LARGEST_VM_ZERO, where.path, (
@@ -315,7 +329,7 @@ def size_policy(policy: KataSizingPolicy) -> PolicySizing:
         classes.append(sized)
         problems += reading_problems
     classes = tuple(classes)
-    problems += check_invariants(classes, fn)
+    problems += check_invariants(classes, fn, spec.admission)
     return PolicySizing(policy, runtime, hypervisor, fn, classes, tuple(problems))
 
 
