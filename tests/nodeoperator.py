@@ -217,9 +217,9 @@ class OperatorRelease:
         self.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
                   "--wait", "--timeout", "180s")
 
-    def upgrade_started(self, values: Path) -> subprocess.Popen:
-        """`helm upgrade --wait` running in the background (stdout and stderr in .stdout)."""
-        return subprocess.Popen([str(HELM), "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+    def helm_started(self, action: str, values: Path) -> subprocess.Popen:
+        """`helm install|upgrade --wait` running in the background (stdout and stderr in .stdout)."""
+        return subprocess.Popen([str(HELM), action, RELEASE, str(CHART), "--namespace", NAMESPACE,
                                  "--values", str(values), "--wait", "--timeout", "180s",
                                  f"--kubeconfig={self.cp.admin_kubeconfig}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

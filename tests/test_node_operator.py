@@ -482,7 +482,7 @@ def test_helm_upgrade_rolls_the_deployment_and_each_object_is_written_once_if_it
     assert ("runtimeclasses", "", "kata-sizing-node-s") in to_write and len(to_write) < len(new)
 
     mark = cp.audit_offset()
-    upgrade = release.upgrade_started(release.values(podAnnotations={"kata-sizing.test/rolled": "1"}))
+    upgrade = release.helm_started("upgrade", release.values(podAnnotations={"kata-sizing.test/rolled": "1"}))
     try:
         time.sleep(3)  # the surge pod starts; the old leader still leads
         cp.apply(changed)
