@@ -150,6 +150,36 @@ def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+ADMISSION_COLLECTIONS = ("validatingadmissionpolicies", "validatingadmissionpolicybindings",
+                         "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+
+
+def cached_objects(cp) -> dict[str, int]:
+    """What each of the operator's list+watch caches must hold (kata_sizing_informer_objects),
+    counted from the API server: every Node, RuntimeClass and admission object, the ConfigMaps
+    labelled managed-by kata-sizing. (The pod cache keeps only some pods: not counted here.)"""
+    group = "/apis/admissionregistration.k8s.io/v1"
+    return {
+        "nodes": len(cp.items("/api/v1/nodes")),
+        "runtimeclasses": len(cp.items("/apis/node.k8s.io/v1/runtimeclasses")),
+        "configmaps": len(cp.request("GET", "/api/v1/configmaps?labelSelector=app.kubernetes.io%2Fmanaged-by%3D"
+                                            "kata-sizing")["items"]),
+        **{f"admissionregistration.k8s.io/v1/{plural}": len(cp.items(f"{group}/{plural}"))
+           for plural in ADMISSION_COLLECTIONS},
+    }
+
+
+def informer_objects(samples: Mapping) -> dict[str, float]:
+    return {dict(labels)["collection"]: v for (name, labels), v in samples.items()
+            if name == "kata_sizing_informer_objects" and dict(labels)["collection"] != "pods"}
+
+
+def total(samples: Mapping, metric: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels` (0 when it has none)."""
+    return sum(v for (name, have), v in samples.items()
+               if name == metric and labels.items() <= dict(have).items())
+
+
 def policy_gauges(samples: Mapping) -> dict[tuple[str, str], float]:
     return {(dict(labels)["condition"], dict(labels)["status"]): v for (name, labels), v in samples.items()
             if name == "kata_sizing_policies"}

@@ -158,12 +158,10 @@ def test_metrics_of_both_replicas_through_the_api_server(release: OperatorReleas
     wait_policy_ready(cp)
     leader = release.leader()
     pods = [p["metadata"]["name"] for p in release.wait_ready(2)]
-    runtime_classes = len(cp.items(RUNTIME_CLASSES))
+    want = cached_objects(cp)
     for pod in pods:
-        samples = poll(lambda: (lambda s: s if s.get(("kata_sizing_informer_objects", (("collection", "runtimeclasses"),)))
-                                == runtime_classes else None)(release.scrape(pod)), 20,
-                       lambda: f"{pod} caches every RuntimeClass: {release.scrape(pod)}")
-        assert samples[("kata_sizing_informer_objects", (("collection", "nodes"),))] == 1
+        samples = poll(lambda: (lambda s: s if informer_objects(s) == want else None)(release.scrape(pod)), 20,
+                       lambda: f"{pod}'s caches hold {want}: {informer_objects(release.scrape(pod))}")
         gauges = policy_gauges(samples)
         if pod == leader:
             assert gauges[("Ready", "True")] == 1 and gauges[("Valid", "True")] == 1, gauges
@@ -545,17 +543,25 @@ def test_deleting_the_leader_hands_over_within_the_lease_and_both_replicas_say_t
     # Writes: none but the guidance's (its input, the node's pods, changed with the new pod).
     writes = release.writes_per_object(mark)
     assert {k: n for k, n in writes.items() if k != ("configmaps", "kata-sizing", GUIDANCE_CM)} == {}, writes
-    # Metrics: the new leader exports the policy's conditions, the other replica none; both
-    # caches hold every RuntimeClass.
-    runtime_classes = len(cp.items(RUNTIME_CLASSES))
+    # Metrics: both replicas' caches hold what the API server holds; the new leader exports the
+    # policy's conditions and has reconciled without a write or an error, the other replica
+    # exports no policy gauge and has reconciled nothing.
+    want = cached_objects(cp)
     for pod in pods:
-        samples = poll(lambda: (lambda s: s if s.get(("kata_sizing_informer_objects", (("collection", "runtimeclasses"),)))
-                                == runtime_classes else None)(release.scrape(pod)), 20, f"{pod}'s caches")
+        samples = poll(lambda: (lambda s: s if informer_objects(s) == want else None)(release.scrape(pod)), 20,
+                       lambda: f"{pod}'s caches hold {want}: {informer_objects(release.scrape(pod))}")
         gauges = policy_gauges(samples)
+        assert total(samples, "kata_sizing_api_errors_total", status="403") == 0
+        assert total(samples, "kata_sizing_drift_detected_total") == 0
         if pod == new:
             assert gauges[("Ready", "True")] == 1 and gauges.get(("Ready", "False"), 0) == 0, gauges
+            assert total(samples, "kata_sizing_reconciles_total") >= 1
+            assert total(samples, "kata_sizing_reconciles_total") == total(
+                samples, "kata_sizing_reconciles_total", result="ok"), samples
+            assert total(samples, "kata_sizing_reconcile_writes_total") == 0
         else:
             assert gauges == {}, f"{pod}, not leading, exports {gauges}"
+            assert total(samples, "kata_sizing_reconciles_total") == 0
     release.handover_seconds = handover_s
 
 
