@@ -193,6 +193,7 @@ class OperatorRelease:
         self.image_name = ""
         self.ca_bundle = ""
         self.import_seconds = self.install_seconds = 0.0
+        self.audit_start = node.cp.audit_offset()  # the audit log from here on is this release's
 
     # --- install -------------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ guidance gives for this machine (tests/nodeoperator.py, `guided_node_config`), a
 maps the classes' handlers to runc, which stands in for Kata: the kubelet charges, admits and
 schedules the pods exactly as on a Kata node; no VM boots.
 
-One release for the module (image import and `helm install` cost about 30 s): the tests share
-it in order, the handover and upgrade tests last, and the last test reads the whole module's
-audit log for a request the chart's RBAC refused.
+One release for the module (the image's import and `helm install --wait` take 10 to 30 s): the
+tests share it in order, the upgrade and handover tests last, and the last test reads the whole
+module's audit log for a request the chart's RBAC refused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,8 @@ import yaml
 
 from tests import image as img
 from tests.nodeoperator import (
-    NAMESPACE, POLICY_FILE, RELEASE, SCHEDULING_HANDLER, OperatorRelease, cli, events,
-    installed_release, policy_gauges, policy_runtime_classes, rendered, rendered_guidance,
+    NAMESPACE, POLICY_FILE, RELEASE, SCHEDULING_HANDLER, OperatorRelease, cached_objects, cli, events,
+    informer_objects, installed_release, policy_gauges, policy_runtime_classes, rendered, rendered_guidance, total,
 )
 from tests.operator_helpers import wait_for as poll
 from tests.realcluster import POLICIES, RUNTIME_CLASSES, configmaps
@@ -46,9 +46,7 @@ GUIDANCE_CM = f"{NAME}-node-guidance"
 def release(real_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorRelease]:
     """The chart installed once for the module, the node tests' policy applied just before it
     (the operator finds it when it starts)."""
-    mark = real_node.cp.audit_offset()
     with installed_release(real_node, tmp_path_factory.mktemp("release"), apply_first=[POLICY]) as release:
-        release.audit_start = mark
         yield release
 
 
@@ -317,7 +315,7 @@ def scheduling_policy(node_selector: dict, tolerations: list, admission: dict | 
 
 
 @pytest.fixture
-def scheduling(release: OperatorRelease) -> Iterator[callable]:
+def scheduling(release: OperatorRelease) -> Iterator[Callable[[dict], dict]]:
     """Apply the scheduling policy in a shape and wait until its RuntimeClass says so; deleted
     at the end (the operator removes the RuntimeClass)."""
     cp = release.cp
