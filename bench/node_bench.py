@@ -48,7 +48,8 @@ def _wait(predicate, timeout: float, interval: float = 0.05) -> float | None:
 
 
 def bench_node(report: Report, quick: bool = False) -> None:
-    problem = rn.host_problem() or (None if img.ARCHIVE.exists() else f"the operator image {img.ARCHIVE} is not built")
+    problem = rn.host_problem() or (None if img.ARCHIVE.exists() else
+                                   f"the operator image {img.ARCHIVE.relative_to(img.ROOT)} is not built (`make image`)")
     if problem:
         report(f"skipped: no real node here: {problem}", "", "", "SKIP")
         return
