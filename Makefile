@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test fuzz bench crds check-crds templates check-templates tools controlplane node image clean
+.PHONY: demo test fuzz bench crds check-crds tools controlplane node image clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -116,14 +116,6 @@ crds: $(STAMP)
 
 check-crds: $(STAMP)
 	for f in $(CRD_FILES); do $(PY) -m kata_sizing.core.crdgen --check $$f || exit 1; done
-
-# jinja2's compiled code of templates/, shipped in the package so a cold `kata-sizing render`
-# does not compile them (an edited template is compiled from its file until this is re-run).
-templates: $(STAMP)
-	$(PY) -m kata_sizing.core.templategen
-
-check-templates: $(STAMP)
-	$(PY) -m kata_sizing.core.templategen --check
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis

@@ -21,7 +21,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -188,15 +187,12 @@ def _node(i: int) -> dict:
 def baseline_source(work: Path) -> tuple[str, Path] | None:
     """BENCH_BASELINE=<git revision>: that revision's operator/ and templates/, to run instead of
     this checkout's (through PYTHONPATH, ahead of the editable install)."""
+    from bench.run import baseline_checkout
+
     revision = os.environ.get("BENCH_BASELINE")
     if not revision:
         return None
-    target = work / "baseline"
-    target.mkdir(exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "operator", "templates"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    return revision, target / "operator"
+    return revision, baseline_checkout(revision, work)
 
 
 FLEET_POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy",

@@ -16,9 +16,9 @@ from kata_sizing.core.calibrate import (
     Fit,
     Sample,
     fit_overhead,
-    guest_budget_mib,
     parse_samples_csv,
 )
+from kata_sizing.core.sizing import guest_budget_mib
 
 SURVEY = Path(__file__).parent / "fixtures" / "survey-aks-clh-snp.csv"
 HEADER = "container_limit_mib,vm_nominal_mib,free_total_mib,free_used_mib,pod_cgroup_memory_current_bytes"

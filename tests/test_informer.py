@@ -31,14 +31,14 @@ class PagedApi:
         self.watches: list[list[dict]] = []
         self.watch_versions: list[str] = []
 
-    async def list_page(self, collection, limit, continue_token=None, label_selector=None):
+    async def list_page(self, kind, limit, continue_token=None, label_selector=None):
         self.list_calls.append((limit, continue_token))
         start = int(continue_token or 0)
         page = [dict(o) for o in self.objects[start:start + limit]]
         nxt = start + limit
         return page, "100", (str(nxt) if nxt < len(self.objects) else None)
 
-    async def watch_raw(self, collection, resource_version, timeout_s, label_selector=None):
+    async def watch_raw(self, kind, resource_version, timeout_s, label_selector=None):
         self.watch_versions.append(resource_version)
         if not self.watches:
             raise asyncio.CancelledError
@@ -58,7 +58,7 @@ def _run(informer: Informer) -> None:
 
 def test_a_large_collection_is_listed_in_pages_and_only_summaries_are_kept():
     api = PagedApi([_obj(i) for i in range(1234)])
-    informer = Informer(api, "pods", slim_child("Pod"))
+    informer = Informer(api, "Pod", slim_child("Pod"))
     _run(informer)
 
     assert api.list_calls == [(PAGE_SIZE, None), (PAGE_SIZE, "500"), (PAGE_SIZE, "1000")]
@@ -71,7 +71,7 @@ def test_a_large_collection_is_listed_in_pages_and_only_summaries_are_kept():
 def test_an_expired_watch_lists_again_and_reports_what_changed_meanwhile():
     api = PagedApi([_obj(i) for i in range(3)])
     changes = []
-    informer = Informer(api, "pods", slim_child("Pod"), on_change=lambda k, b, a: changes.append((k, b, a)))
+    informer = Informer(api, "Pod", slim_child("Pod"), on_change=lambda k, b, a: changes.append((k, b, a)))
     # First watch: one edit arrives, then the server says 410 Gone.
     edited = _obj(1, rv="101")
     edited["spec"] = {"n": 10}

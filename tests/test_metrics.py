@@ -64,19 +64,22 @@ def get(url: str) -> tuple[int, str]:
 
 
 class _Outcome:
-    def __init__(self, writes=(), invalid=(), conflicts=()):
-        self.writes, self.invalid, self.conflicts = list(writes), list(invalid), list(conflicts)
+    """A pass's conclusion as metrics sees it; the writes are appended as they land."""
+
+    def __init__(self, writes=(), result="ok"):
+        self.writes, self.result = list(writes), result
 
 
 @pytest.mark.parametrize("outcome, result", [
     (_Outcome(writes=["created RuntimeClass a", "created ConfigMap b"]), "ok"),
-    (_Outcome(invalid=["spec.shim: required"]), "invalid"),
-    (_Outcome(conflicts=["RuntimeClass a is not ours"]), "conflict"),
+    (_Outcome(result="invalid"), "invalid"),
+    (_Outcome(result="conflict"), "conflict"),
 ])
 def test_a_pass_is_counted_by_result_timed_and_logged_once(outcome, result, caplog):
     before = registry_text()
     with caplog.at_level(logging.INFO, logger="kata_sizing.reconcile"):
         with metrics.reconcile_pass("p1", "apply") as current:
+            current.writes.extend(outcome.writes)
             current.done(outcome)
     after = registry_text()
     assert value(after, "kata_sizing_reconciles_total", trigger="apply", result=result) == \
@@ -90,13 +93,19 @@ def test_a_pass_is_counted_by_result_timed_and_logged_once(outcome, result, capl
     assert record.duration_s >= 0
 
 
-def test_a_pass_that_raises_counts_as_error():
+def test_a_pass_that_raises_counts_as_error_with_the_writes_that_landed_before(caplog):
     before = registry_text()
-    with pytest.raises(RuntimeError):
-        with metrics.reconcile_pass("p2", "resync"):
+    with caplog.at_level(logging.INFO, logger="kata_sizing.reconcile"), pytest.raises(RuntimeError):
+        with metrics.reconcile_pass("p2", "resync") as current:
+            current.writes.append("created RuntimeClass a")  # as the executor appends it
             raise RuntimeError("API down")
-    assert value(registry_text(), "kata_sizing_reconciles_total", trigger="resync", result="error") == \
+    after = registry_text()
+    assert value(after, "kata_sizing_reconciles_total", trigger="resync", result="error") == \
         value(before, "kata_sizing_reconciles_total", trigger="resync", result="error") + 1
+    assert value(after, "kata_sizing_reconcile_writes_total", trigger="resync") == \
+        value(before, "kata_sizing_reconcile_writes_total", trigger="resync") + 1
+    [record] = [r for r in caplog.records if r.name == "kata_sizing.reconcile" and r.policy == "p2"]
+    assert (record.result, record.writes) == ("error", 1)
 
 
 def test_json_log_format_gives_one_object_per_reconcile_with_its_fields():
@@ -107,7 +116,8 @@ def test_json_log_format_gives_one_object_per_reconcile_with_its_fields():
         stream = io.StringIO()
         handler.setStream(stream)
         with metrics.reconcile_pass("qemu-rs", "apply") as current:
-            current.done(_Outcome(writes=["created RuntimeClass kata-qemu-rs-s"]))
+            current.writes.append("created RuntimeClass kata-qemu-rs-s")
+            current.done(_Outcome())
         lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     finally:
         root.handlers[:] = [h for h in root.handlers if type(h).__name__ != "_KopfStreamHandler"]

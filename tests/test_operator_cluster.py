@@ -211,12 +211,12 @@ def test_samples_that_cannot_be_fitted_make_the_policy_invalid(cluster):
     assert emu.objects("runtimeclasses").list() == []
 
 
-def _passes() -> float:
+def _passes(trigger: str | None = None) -> float:
     """Reconcile passes this process has run (the operator runs in this process's thread)."""
     from kata_sizing.controller import metrics
 
     return sum(s.value for m in metrics.REGISTRY.collect() if m.name == "kata_sizing_reconciles"
-               for s in m.samples if s.name.endswith("_total"))
+               for s in m.samples if s.name.endswith("_total") and (trigger is None or s.labels["trigger"] == trigger))
 
 
 def test_a_change_to_one_policys_runtime_class_makes_no_policy_reconcile(cluster, fast_guidance):
@@ -231,14 +231,17 @@ def test_a_change_to_one_policys_runtime_class_makes_no_policy_reconcile(cluster
     settle(emu, quiet_s=1.0)
     before = _passes()
 
-    # A hand edit of one class: put back by the drift queue; neither policy's guidance timer
-    # (every 0.3 s here) takes it for a reason to reconcile.
+    # A hand edit of one class: put back by one pass of its policy, queued by the drift event;
+    # neither policy's guidance timer (every 0.3 s here) takes it for a reason to reconcile.
+    drift_before = _passes("drift")
     rc = emu.objects("runtimeclasses").get("kata-qemu-rs-m")
     rc["overhead"]["podFixed"]["memory"] = "1Mi"
     emu.objects("runtimeclasses").put(rc)
     wait_for(lambda: emu.objects("runtimeclasses").get("kata-qemu-rs-m")["overhead"]["podFixed"]["memory"] != "1Mi")
     settle(emu, quiet_s=1.5)
-    assert _passes() == before
+    assert _passes("drift") == drift_before + 1
+    assert _passes() == before + 1
+    before = _passes()
 
     # A Kata RuntimeClass nobody manages changes the audit every policy reports: one pass each.
     emu.objects("runtimeclasses").create({"metadata": {"name": "kata-qemu"}, "handler": "kata-qemu",

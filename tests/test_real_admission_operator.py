@@ -11,13 +11,15 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kata_sizing.controller.reconcile import spec_differences
+from kata_sizing.controller.compare import spec_differences
 from tests.realcluster import POLICIES, ApiError, ControlPlane, free_port, poll
 from tests.test_real_operator import create_ready, qemu_rs, quiet, render, status, wait_observed
 
@@ -87,7 +89,9 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
         assert [(o["kind"], o["uid"], o.get("controller")) for o in obj["metadata"]["ownerReferences"]] == [
             ("KataSizingPolicy", uid, True)], key
         assert obj["metadata"]["labels"] == expected[key]["metadata"]["labels"]
-        # What render prints, with the server's defaults added (matchPolicy, empty selectors, scope).
+        # What render prints, which holds every field the server defaults (matchPolicy, empty
+        # selectors, each rule's scope, failurePolicy): the server added nothing.
+        assert obj["spec"] == expected[key]["spec"], key
         assert spec_differences(expected[key]["spec"], obj["spec"]) == [], key
     quiet(cp)
 
@@ -121,6 +125,65 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     quiet(cp)
     assert cp.get(path_of(envelope))["metadata"]["labels"]["team"] == "platform"
     assert int(status(cp, "gate").get("driftCorrections")) == int(st["driftCorrections"])
+
+
+def _comparable(obj: dict) -> dict:
+    """An object without what every write changes (resourceVersion, managedFields)."""
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+    return {**obj, "metadata": meta}
+
+
+def test_render_applied_server_side_by_a_gitops_tool_over_the_operators_objects_is_a_no_op(
+        control_plane, real_operator, tmp_path):
+    """Argo CD (or Flux) applies `kata-sizing render`'s output with server-side apply over the
+    objects the operator wrote: no conflict on .spec.matchConstraints (an atomic struct whose
+    defaulted fields render now writes out), nothing changed, and the operator does not answer."""
+    cp = control_plane
+    real_operator.start()
+    body = qemu_rs("gitops")
+    path = tmp_path / "gitops.yaml"
+    path.write_text(yaml.safe_dump(body))
+    create_ready(cp, body)
+    quiet(cp)
+    written = subprocess.run([sys.executable, "-m", "kata_sizing.cli", "render", str(path)],
+                             capture_output=True, text=True, check=True).stdout
+    keys = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(written)]
+    assert {k[0] for k in keys} >= set(KINDS) | {"RuntimeClass", "ConfigMap"}
+
+    def live() -> dict[tuple[str, str], dict]:
+        found = {}
+        for kind, name in keys:
+            if kind in KINDS:
+                found[(kind, name)] = cp.get(path_of((kind, name)))
+            elif kind == "RuntimeClass":
+                found[(kind, name)] = cp.get(f"/apis/node.k8s.io/v1/runtimeclasses/{name}")
+            else:
+                found[(kind, name)] = cp.get(f"/api/v1/namespaces/kata-sizing/configmaps/{name}")
+        return found
+
+    # What the server did with the same objects before it defaulted nothing render leaves out:
+    # with a rule's scope and the selectors left to the server, the apply conflicts.
+    old_style = [o for o in yaml.safe_load_all(written) if o["kind"] == "ValidatingAdmissionPolicy"][0]
+    old_style["spec"]["matchConstraints"] = {"resourceRules": [
+        {k: v for k, v in rule.items() if k != "scope"} for rule in old_style["spec"]["matchConstraints"]["resourceRules"]]}
+    refused = cp.kubectl("apply", "--server-side", "--field-manager=argocd", "--dry-run=server", "-f", "-",
+                         input=yaml.safe_dump(old_style), check=False)
+    assert refused.returncode != 0 and ".spec.matchConstraints" in refused.stderr, refused.stderr
+
+    before = live()
+    mark = cp.audit_offset()
+    cp.kubectl("apply", "--server-side", "--field-manager=argocd", "-f", "-", input=written)
+    after = live()
+    for key in keys:
+        assert _comparable(after[key]) == _comparable(before[key]), key
+        managers = {m["manager"] for m in after[key]["metadata"]["managedFields"]}
+        assert {"kata-sizing", "argocd"} <= managers, key
+    quiet(cp)
+    assert cp.operator_writes(mark) == [], "the operator answered the GitOps apply"
+    # Applied again (a GitOps tool's next sync): not even managedFields move.
+    versions = {key: obj["metadata"]["resourceVersion"] for key, obj in live().items()}
+    cp.kubectl("apply", "--server-side", "--field-manager=argocd", "-f", "-", input=written)
+    assert {key: obj["metadata"]["resourceVersion"] for key, obj in live().items()} == versions
 
 
 def test_a_policy_change_rewrites_them_and_routing_webhook_removes_the_mutating_policy(

@@ -1,5 +1,6 @@
-"""The reconcile functions without kopf and without a server: a fake API that keeps objects in
-dicts, records every call, and raises AssertionError on any call a test did not allow."""
+"""A pass (gather, plan, execute, conclude) without kopf and without a server: a fake API that
+keeps objects in dicts, records every call, and raises AssertionError on any call a test did
+not allow; a fake child cache over the same objects, as the operator's watch-fed cache is."""
 
 from __future__ import annotations
 
@@ -8,63 +9,50 @@ import copy
 import inspect
 import itertools
 import uuid
+from types import SimpleNamespace
 
 import jsonpatch
 import pytest
 
+from kata_sizing.controller import compare
 from kata_sizing.controller import conditions as cond
 from kata_sizing.controller import reconcile as rc
-from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound
-from kata_sizing.core.model import parse_policy
+from kata_sizing.controller import status as st
+from kata_sizing.controller.execute import WRITES_PER_PASS
+from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
+from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, TransientApiError
+from kata_sizing.controller.plan import build_desired
+from kata_sizing.controller.state import DesiredCache, OperatorState
+from kata_sizing.core.model import KIND, parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import example
 
 NAME = "qemu-rs"
 UID = "0e3c9a4e-0000-4000-8000-000000000001"
-READS = frozenset({"list_runtime_classes", "list_config_maps", "read_runtime_class", "read_config_map", "read_policy",
-                   "list_admission_objects", "read_admission_object"})
-WRITES = frozenset({
-    "create_runtime_class", "replace_runtime_class", "delete_runtime_class",
-    "create_config_map", "replace_config_map", "delete_config_map", "patch_policy_status",
-    "create_admission_object", "replace_admission_object", "delete_admission_object",
-})
-# What a 1.37 server serves (kube.KubeApi.served_admission_versions fills the real one's).
-SERVED_ADMISSION = {"ValidatingAdmissionPolicy": "v1", "ValidatingAdmissionPolicyBinding": "v1",
-                    "MutatingAdmissionPolicy": "v1", "MutatingAdmissionPolicyBinding": "v1"}
-
-
-def _matches(obj: dict, selector: str | None) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    for term in (selector or "").split(","):
-        if term:
-            key, _, value = term.partition("=")
-            if labels.get(key) != value:
-                return False
-    return True
+READS = frozenset({"read", "list"})
+WRITES = frozenset({"create", "replace", "delete", "patch_status"})
+NAMESPACE = "kata-sizing"
 
 
 class FakeApi:
     """Speaks KubeApi's interface (checked below) over dicts. Only methods in `allow` may be
     called; anything else, including a method KubeApi does not have, fails the test."""
 
-    def __init__(self, *objects: dict, policy: dict | None = None, allow=READS) -> None:
+    def __init__(self, *objects: dict, policy: dict | None = None, allow=READS, namespaces=(NAMESPACE,)) -> None:
         self.allow = set(allow)
         self.calls: list[tuple] = []
         self.fail: dict[str, list[Exception]] = {}  # method -> errors to raise on the next calls
         self._versions = itertools.count(100)
-        self.rcs: dict[str, dict] = {}
-        self.cms: dict[tuple[str, str], dict] = {}
-        self.adm: dict[tuple[str, str], dict] = {}  # (kind, name): the admission objects
-        self.admission_versions = dict(SERVED_ADMISSION)
-        self.policy = copy.deepcopy(policy)
+        self.objects: dict[tuple, dict] = {}
+        self.namespaces = set(namespaces)
         for obj in objects:
             self._store(self._stamped(obj))
+        if policy is not None:
+            self._store(self._stamped({**policy, "kind": KIND}))
 
     def __getattr__(self, name: str):
         raise AssertionError(f"the code called {name}(), which the API wrapper does not have")
-
-    # bookkeeping
 
     def _call(self, method: str, *args) -> None:
         if method not in self.allow:
@@ -81,129 +69,124 @@ class FakeApi:
         return obj
 
     def _store(self, obj: dict) -> None:
-        meta = obj["metadata"]
-        if obj["kind"] == "RuntimeClass":
-            self.rcs[meta["name"]] = obj
-        elif obj["kind"] in SERVED_ADMISSION:
-            self.adm[(obj["kind"], meta["name"])] = obj
-        else:
-            self.cms[(meta["namespace"], meta["name"])] = obj
+        self.objects[obj_key(obj)] = obj
 
-    def _replace(self, table: dict, key, body: dict) -> dict:
-        old = table.get(key)
-        if old is None:
-            raise NotFound(404, f"{key} not found")
-        if body["metadata"].get("resourceVersion") not in (None, old["metadata"]["resourceVersion"]):
-            raise Conflict(409, f"{key}: the object has been modified")
-        if old.get("handler") != body.get("handler") and old.get("kind") == "RuntimeClass":
-            raise Invalid(422, "handler: field is immutable")
-        new = self._stamped(body)
-        new["metadata"]["uid"] = old["metadata"]["uid"]
-        table[key] = new
-        return copy.deepcopy(new)
+    @property
+    def policy(self) -> dict | None:
+        return copy.deepcopy(self.objects.get(policy_key(NAME)))
 
     @property
     def writes(self) -> list[tuple]:
         return [c for c in self.calls if c[0] in WRITES]
 
-    # RuntimeClasses
+    def written(self, method: str, kind: str | None = None) -> list[tuple]:
+        return [c for c in self.writes if c[0] == method and (kind is None or c[1][0] == kind)]
 
-    async def list_runtime_classes(self, label_selector=None):
-        self._call("list_runtime_classes", label_selector)
-        return [copy.deepcopy(o) for o in self.rcs.values() if _matches(o, label_selector)]
-
-    async def read_runtime_class(self, name):
-        self._call("read_runtime_class", name)
-        return copy.deepcopy(self.rcs.get(name))
-
-    async def create_runtime_class(self, body):
-        self._call("create_runtime_class", body["metadata"]["name"])
-        if body["metadata"]["name"] in self.rcs:
+    async def create(self, body):
+        key = obj_key(body)
+        self._call("create", key)
+        if key in self.objects:
             raise Conflict(409, "already exists")
-        obj = self._stamped({**body, "kind": "RuntimeClass"})
-        self._store(obj)
-        return copy.deepcopy(obj)
-
-    async def replace_runtime_class(self, body):
-        self._call("replace_runtime_class", body["metadata"]["name"])
-        return self._replace(self.rcs, body["metadata"]["name"], {**body, "kind": "RuntimeClass"})
-
-    async def delete_runtime_class(self, name, uid=None):
-        self._call("delete_runtime_class", name)
-        self.rcs.pop(name, None)
-
-    # ConfigMaps
-
-    async def list_config_maps(self, label_selector=None):
-        self._call("list_config_maps", label_selector)
-        return [copy.deepcopy(o) for o in self.cms.values() if _matches(o, label_selector)]
-
-    async def read_config_map(self, namespace, name):
-        self._call("read_config_map", namespace, name)
-        return copy.deepcopy(self.cms.get((namespace, name)))
-
-    async def create_config_map(self, body):
-        meta = body["metadata"]
-        self._call("create_config_map", meta["namespace"], meta["name"])
-        if (meta["namespace"], meta["name"]) in self.cms:
-            raise Conflict(409, "already exists")
-        obj = self._stamped({**body, "kind": "ConfigMap"})
-        self._store(obj)
-        return copy.deepcopy(obj)
-
-    async def replace_config_map(self, body):
-        meta = body["metadata"]
-        self._call("replace_config_map", meta["namespace"], meta["name"])
-        return self._replace(self.cms, (meta["namespace"], meta["name"]), {**body, "kind": "ConfigMap"})
-
-    async def delete_config_map(self, namespace, name, uid=None):
-        self._call("delete_config_map", namespace, name)
-        self.cms.pop((namespace, name), None)
-
-    # admission objects
-
-    async def list_admission_objects(self, kind, label_selector=None):
-        self._call("list_admission_objects", kind, label_selector)
-        return [copy.deepcopy(o) for (k, _), o in self.adm.items() if k == kind and _matches(o, label_selector)]
-
-    async def read_admission_object(self, kind, name):
-        self._call("read_admission_object", kind, name)
-        return copy.deepcopy(self.adm.get((kind, name)))
-
-    async def create_admission_object(self, body):
-        self._call("create_admission_object", body["kind"], body["metadata"]["name"])
-        if (body["kind"], body["metadata"]["name"]) in self.adm:
-            raise Conflict(409, "already exists")
+        if key[1] is not None and key[1] not in self.namespaces:
+            raise NotFound(404, f'create {key[0]} {key[1]}/{key[2]}: namespaces "{key[1]}" not found')
         obj = self._stamped(body)
         self._store(obj)
         return copy.deepcopy(obj)
 
-    async def replace_admission_object(self, body):
-        self._call("replace_admission_object", body["kind"], body["metadata"]["name"])
-        return self._replace(self.adm, (body["kind"], body["metadata"]["name"]), body)
+    async def read(self, key):
+        self._call("read", key)
+        return copy.deepcopy(self.objects.get(tuple(key)))
 
-    async def delete_admission_object(self, kind, name, uid=None):
-        self._call("delete_admission_object", kind, name)
-        self.adm.pop((kind, name), None)
+    async def replace(self, body):
+        key = obj_key(body)
+        self._call("replace", key)
+        old = self.objects.get(key)
+        if old is None:
+            raise NotFound(404, f"{key} not found")
+        if body["metadata"].get("resourceVersion") not in (None, old["metadata"]["resourceVersion"]):
+            raise Conflict(409, f"{key}: the object has been modified")
+        if key[0] == "RuntimeClass" and old.get("handler") != body.get("handler"):
+            raise Invalid(422, "handler: field is immutable")
+        new = self._stamped(body)
+        new["metadata"]["uid"] = old["metadata"]["uid"]
+        self._store(new)
+        return copy.deepcopy(new)
 
-    # the policy
+    async def delete(self, key, uid=None):
+        self._call("delete", key)
+        self.objects.pop(tuple(key), None)
 
-    async def read_policy(self, name):
-        self._call("read_policy", name)
-        return copy.deepcopy(self.policy)
+    async def list(self, kind_name, label_selector=None):
+        self._call("list", kind_name, label_selector)
+        return [copy.deepcopy(o) for k, o in self.objects.items() if k[0] == kind_name]
 
-    async def patch_policy_status(self, name, patch):
-        self._call("patch_policy_status", name, copy.deepcopy(patch))
-        if self.policy is None:
+    async def patch_status(self, key, patch):
+        self._call("patch_status", key, copy.deepcopy(patch))
+        obj = self.objects.get(tuple(key))
+        if obj is None:
             raise NotFound(404, "gone")
         if isinstance(patch, list):
             try:
-                self.policy = jsonpatch.JsonPatch(patch).apply(self.policy)
+                new = jsonpatch.JsonPatch(patch).apply(obj)
             except jsonpatch.JsonPatchTestFailed as exc:
                 raise Invalid(422, str(exc)) from None
         else:
-            self.policy["status"] = {**(self.policy.get("status") or {}), **patch["status"]}
-        return copy.deepcopy(self.policy)
+            new = {**obj, "status": {**(obj.get("status") or {}), **patch["status"]}}
+        new = self._stamped(new)
+        self._store(new)
+        return copy.deepcopy(new)
+
+
+class FakeChildren:
+    """The operator's child cache over the fake's objects: every RuntimeClass and admission
+    object, and the ConfigMaps labelled managed-by kata-sizing (a ConfigMap without that label
+    is not in the real cache either, so a pass reads it)."""
+
+    def __init__(self, api: FakeApi) -> None:
+        self.api = api
+        self.runtime_classes = SimpleNamespace(synced=_set_event(), version=0, items={})
+
+    def _cached(self, obj: dict) -> bool:
+        if obj["kind"] == "ConfigMap":
+            return (obj["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+        return obj["kind"] in ("RuntimeClass", *ADMISSION_KINDS)
+
+    def get(self, key):
+        obj = self.api.objects.get(tuple(key))
+        return copy.deepcopy(obj) if obj is not None and self._cached(obj) else None
+
+    def complete(self, key) -> bool:
+        return key[0] != "ConfigMap"
+
+    def of_policy(self, policy_name: str) -> dict:
+        return {k: copy.deepcopy(o) for k, o in self.api.objects.items()
+                if self._cached(o) and (o["metadata"].get("labels") or {}).get(POLICY_LABEL) == policy_name}
+
+    def all_runtime_classes(self):
+        return [copy.deepcopy(o) for k, o in self.api.objects.items() if k[0] == "RuntimeClass"]
+
+    def record(self, obj: dict) -> None:
+        pass  # the fake's store is the cache's truth
+
+    def forget(self, key) -> None:
+        pass
+
+    def informers(self) -> list:
+        return []
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+def make_state(api: FakeApi) -> OperatorState:
+    """No node and no pod in the cluster (so node guidance is rendered for no node, and the pod
+    audit finds nothing), every admission kind served."""
+    idle = lambda: SimpleNamespace(synced=_set_event(), version=0, items={}, collection="idle")  # noqa: E731
+    return OperatorState(api=api, admission_versions={k: "v1" for k in ADMISSION_KINDS},
+                         children=FakeChildren(api), nodes=idle(), pods=idle())
 
 
 class Sink:
@@ -229,15 +212,20 @@ def policy_body(**spec) -> dict:
     return body
 
 
-def desired_objects(body: dict) -> tuple[list[dict], list[dict]]:
-    """(the RuntimeClasses, every other object: ConfigMaps and admission objects)."""
-    rendered = render_policy(parse_policy(body))
-    return rendered.runtime_classes, rendered.configmaps + rendered.admission
+def desired_objects(body: dict) -> list[dict]:
+    """What a pass writes for `body` in a cluster without nodes."""
+    rendered = render_policy(parse_policy(body), nodes=[])
+    runtime_classes = rendered.runtime_classes if rendered.creates_runtime_classes else []
+    return [*runtime_classes, *rendered.configmaps, *rendered.admission]
 
 
-def in_sync_cluster(body: dict, allow=READS) -> FakeApi:
-    rcs, cms = desired_objects(body)
-    return FakeApi(*rcs, *cms, policy=body, allow=allow)
+def in_sync_cluster(body: dict, allow=READS, **kwargs) -> FakeApi:
+    return FakeApi(*desired_objects(body), policy=body, allow=allow, **kwargs)
+
+
+async def pass_of(state: OperatorState, trigger: str, sink: Sink | None = None, landed: list | None = None):
+    body = state.api.policy
+    return await rc.run_pass(state, body, trigger, sink or Sink(), landed=landed)
 
 
 def test_the_fake_speaks_exactly_the_api_wrappers_interface():
@@ -252,7 +240,7 @@ def test_the_fake_speaks_exactly_the_api_wrappers_interface():
     missing = (READS | WRITES) - public
     assert not missing, f"KubeApi lost {missing}; the operator code calls them"
     with pytest.raises(AssertionError, match="does not have"):
-        FakeApi().patch_runtime_class  # noqa: B018
+        FakeApi().replace_runtime_class  # noqa: B018
 
 
 # --- differences ---------------------------------------------------------------------------
@@ -308,7 +296,7 @@ def _cm(data: dict, **meta) -> dict:
     (_rc(scheduling__tolerations=[]), []),
 ], ids=lambda v: None if isinstance(v, dict) else str(v))
 def test_differences_of_a_runtime_class(live, expected):
-    assert rc.differences(_rc(), live) == expected
+    assert compare.differences(_rc(), live) == expected
 
 
 @pytest.mark.parametrize("live, expected", [
@@ -319,22 +307,22 @@ def test_differences_of_a_runtime_class(live, expected):
     (_cm({"a": "1", "b": "2"}, annotations={"x": "y"}), []),
 ])
 def test_differences_of_a_configmap(live, expected):
-    assert rc.differences(_cm({"a": "1", "b": "2"}), live) == expected
+    assert compare.differences(_cm({"a": "1", "b": "2"}), live) == expected
 
 
 def test_tolerations_compare_without_nulls_the_client_adds():
     want = _rc(scheduling={"nodeSelector": {}, "tolerations": [{"key": "kata", "operator": "Exists"}]})
     live = _rc(scheduling={"nodeSelector": {}, "tolerations": [
         {"key": "kata", "operator": "Exists", "effect": None, "value": None, "tolerationSeconds": None}]})
-    assert rc.differences(want, live) == []
+    assert compare.differences(want, live) == []
 
 
 def test_corrected_puts_back_our_fields_and_keeps_everyone_elses():
     live = _rc(overhead={"podFixed": {"cpu": "1", "memory": "1Mi"}},
                metadata__labels={"team": "x"}, metadata__annotations={"note": "n"},
                metadata__ownerReferences=[{"uid": "other"}], metadata__resourceVersion="9")
-    body = rc.corrected(_rc(), live)
-    assert rc.differences(_rc(), body) == []
+    body = compare.corrected(_rc(), live)
+    assert compare.differences(_rc(), body) == []
     assert body["metadata"]["labels"]["team"] == "x"
     assert body["metadata"]["annotations"] == {"note": "n"}
     assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == ["other", UID]
@@ -362,266 +350,235 @@ def test_merge_conditions_keeps_the_transition_time_unless_the_status_flips():
     assert cond.merge_conditions(None, now, "T2")[0]["lastTransitionTime"] == "T2"
 
 
-def _status(result: rc.PassResult, body: dict | None = None) -> dict[str, dict]:
+def _status(result: st.Findings, body: dict | None = None) -> dict[str, dict]:
     body = body or policy_body()
     sizing = None if result.invalid else size_policy(parse_policy(body))
-    status = rc.compute_status(body, result, sizing)
+    status = st.compute_status(body, result, sizing)
     assert status["observedGeneration"] == 1
     return {c["type"]: c for c in status["conditions"]}
 
 
 @pytest.mark.parametrize("result, expected", [
-    (rc.PassResult(), {"Valid": ("True", cond.REASON_VALID), "Conflict": ("False", cond.REASON_NO_CONFLICT),
-                       "InSync": ("True", cond.REASON_IN_SYNC), "Ready": ("True", cond.REASON_IN_SYNC)}),
-    (rc.PassResult(invalid=["spec.classes[0] (s): podFixed.memory 1Mi must be above overhead_memory 2Mi"]),
+    (st.Findings(), {"Valid": ("True", cond.REASON_VALID), "Conflict": ("False", cond.REASON_NO_CONFLICT),
+                     "InSync": ("True", cond.REASON_IN_SYNC), "Ready": ("True", cond.REASON_IN_SYNC)}),
+    (st.Findings(invalid=["spec.classes[0] (s): podFixed.memory 1Mi must be above overhead_memory 2Mi"]),
      {"Valid": ("False", cond.REASON_INVALID), "InSync": ("False", cond.REASON_NOT_APPLIED),
       "Ready": ("False", cond.REASON_INVALID)}),
-    (rc.PassResult(conflicts=["RuntimeClass kata-qemu-rs-m exists and is not managed"]),
+    (st.Findings(conflicts=["RuntimeClass kata-qemu-rs-m exists and is not managed"]),
      {"Valid": ("True", cond.REASON_VALID), "Conflict": ("True", cond.REASON_CONFLICT),
       "InSync": ("False", cond.REASON_CONFLICT), "Ready": ("False", cond.REASON_CONFLICT)}),
-    (rc.PassResult(missing=["kata-qemu-rs-m"]),
+    (st.Findings(missing=["kata-qemu-rs-m"]),
      {"InSync": ("False", cond.REASON_RUNTIME_CLASS_MISSING), "Ready": ("False", cond.REASON_RUNTIME_CLASS_MISSING)}),
-    (rc.PassResult(drifted=["RuntimeClass kata-qemu-rs-m: overhead.podFixed"]),
+    (st.Findings(failed=['ConfigMap x/y: namespaces "x" not found']),
+     {"InSync": ("False", cond.REASON_OUTPUT_NAMESPACE_MISSING),
+      "Ready": ("False", cond.REASON_OUTPUT_NAMESPACE_MISSING)}),
+    (st.Findings(drifted=["RuntimeClass kata-qemu-rs-m: overhead.podFixed"]),
      {"InSync": ("False", cond.REASON_DRIFT_REPORTED), "Ready": ("False", cond.REASON_DRIFT_REPORTED)}),
-], ids=["valid", "invalid", "conflict", "missing", "drifted"])
+], ids=["valid", "invalid", "conflict", "missing", "namespace-missing", "drifted"])
 def test_compute_status(result, expected):
     conditions = _status(result)
     for type_, (status, reason) in expected.items():
         assert (conditions[type_]["status"], conditions[type_]["reason"]) == (status, reason), type_
-    for message in result.invalid + result.conflicts + result.drifted + result.missing:
+    for message in result.invalid + result.conflicts + result.drifted + result.missing + result.failed:
         assert any(message in c["message"] for c in conditions.values())
 
 
 def test_an_invalid_pass_keeps_the_last_valid_classes_in_status():
     body = policy_body()
     body["status"] = {"classes": [{"name": "kept"}]}
-    status = rc.compute_status(body, rc.PassResult(invalid=["x"]), None)
+    status = st.compute_status(body, st.Findings(invalid=["x"]), None)
     assert status["classes"] == [{"name": "kept"}]
 
 
-# --- reconcile ---------------------------------------------------------------------------------
+# --- passes ----------------------------------------------------------------------------------
+
+
+ALL_WRITES = READS | {"create", "patch_status"}
 
 
 def test_first_pass_creates_every_object_and_writes_status_once():
     body = policy_body()
-    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "create_admission_object",
-                                                 "patch_policy_status"})
+    api = FakeApi(policy=body, allow=ALL_WRITES)
     sink = Sink()
-    result = run(rc.reconcile(api, body, "apply", rc.DesiredCache(), sink))
-    rcs, cms = desired_objects(body)
-    assert sorted(c[1] for c in api.writes if c[0] == "create_runtime_class") == sorted(
-        o["metadata"]["name"] for o in rcs)
-    assert len([c for c in api.writes if c[0] == "create_config_map"]) == len([o for o in cms if o["kind"] == "ConfigMap"])
-    assert sorted(c[1:] for c in api.writes if c[0] == "create_admission_object") == sorted(
-        (o["kind"], o["metadata"]["name"]) for o in cms if o["kind"] != "ConfigMap")
-    assert [c[0] for c in api.writes].count("patch_policy_status") == 1
+    landed: list[str] = []
+    done = run(pass_of(make_state(api), "apply", sink, landed))
+    wanted = desired_objects(body)
+    assert sorted(c[1] for c in api.written("create")) == sorted(obj_key(o) for o in wanted)
+    assert len(landed) == len(wanted) and all(text.startswith("created ") for text in landed)
+    assert [c[0] for c in api.writes].count("patch_status") == 1
     assert sink.reasons() == [("Normal", cond.EVENT_APPLIED)]
-    assert not result.conflicts and not result.invalid
+    assert done.result == "ok"
 
 
-def test_a_resync_of_a_policy_in_sync_makes_no_write_and_no_event():
+def test_a_resync_of_a_policy_in_sync_makes_no_request_and_no_event():
     body = policy_body()
-    first = in_sync_cluster(body, allow=READS | {"patch_policy_status"})
-    run(rc.reconcile(first, body, "resync", rc.DesiredCache(), Sink()))
-    body["status"] = first.policy["status"]
+    first = in_sync_cluster(body, allow=READS | {"patch_status"})
+    state = make_state(first)
+    run(pass_of(state, "resync"))
 
-    api = in_sync_cluster(body)  # reads only: any write raises
+    api = in_sync_cluster(first.policy)  # reads only: any write raises
+    state = make_state(api)
     sink = Sink()
-    result = run(rc.reconcile(api, body, "resync", rc.DesiredCache(), sink))
-    assert api.writes == [] and sink.events == [] and result.writes == []
-    assert {c[0] for c in api.calls} == {"list_runtime_classes", "list_config_maps", "list_admission_objects"}
+    done = run(pass_of(state, "resync", sink))
+    assert api.calls == [] and sink.events == [] and done.findings.writes == []
 
 
 def test_an_invalid_policy_touches_no_child_and_says_so_once():
     body = policy_body(classes=[{"name": "s", "cpu": "1", "memory": "1Gi", "overheadVcpus": "0.2",
                                  "overheadMemory": "300Mi", "podFixed": {"cpu": "1", "memory": "100Mi"}}])
-    api = FakeApi(policy=body, allow={"patch_policy_status"})
+    api = FakeApi(policy=body, allow={"patch_status"})
     sink = Sink()
-    result = run(rc.reconcile(api, body, "apply", rc.DesiredCache(), sink))
-    assert result.invalid and "podFixed.memory 100Mi must be above overhead_memory 300Mi" in result.invalid[0]
+    done = run(pass_of(make_state(api), "apply", sink))
+    assert done.findings.invalid and "podFixed.memory 100Mi must be above overhead_memory 300Mi" in done.findings.invalid[0]
     assert sink.reasons() == [("Warning", cond.EVENT_INVALID)]
 
-    body["status"] = api.policy["status"]
-    again = FakeApi(policy=body, allow=set())
+    again = FakeApi(policy=api.policy, allow=set())
     sink = Sink()
-    run(rc.reconcile(again, body, "resync", rc.DesiredCache(), sink))
+    run(pass_of(make_state(again), "resync", sink))
     assert sink.events == [] and again.calls == []
 
 
-def test_an_unmanaged_runtime_class_is_never_written():
+def _theirs_m(body: dict) -> FakeApi:
+    theirs = {"kind": "RuntimeClass", "apiVersion": "node.k8s.io/v1", "metadata": {"name": "kata-qemu-rs-m"},
+              "handler": "kata-qemu-rs-m"}
+    objects = [o for o in desired_objects(body) if o["metadata"]["name"] != "kata-qemu-rs-m"]
+    return FakeApi(theirs, *objects, policy=body, allow=READS | {"patch_status"})
+
+
+def test_an_unmanaged_runtime_class_is_never_written_and_a_conflict_in_status_is_said_once():
     body = policy_body()
-    rcs, cms = desired_objects(body)
-    theirs = {"kind": "RuntimeClass", "metadata": {"name": "kata-qemu-rs-m"}, "handler": "kata-qemu-rs-m"}
-    others = [o for o in rcs if o["metadata"]["name"] != "kata-qemu-rs-m"]
-    api = FakeApi(theirs, *others, *cms, policy=body, allow=READS | {"patch_policy_status"})
-    before = copy.deepcopy(api.rcs["kata-qemu-rs-m"])
+    api = _theirs_m(body)
+    before = copy.deepcopy(api.objects[("RuntimeClass", None, "kata-qemu-rs-m")])
     sink = Sink()
-    result = run(rc.reconcile(api, body, "resync", rc.DesiredCache(), sink))
-    assert api.rcs["kata-qemu-rs-m"] == before
-    assert len(result.conflicts) == 1 and "kata-qemu-rs-m" in result.conflicts[0]
-    assert sink.reasons() == [("Warning", cond.EVENT_CONFLICT)]
+    done = run(pass_of(make_state(api), "resync", sink))
+    assert api.objects[("RuntimeClass", None, "kata-qemu-rs-m")] == before
+    assert len(done.findings.conflicts) == 1 and "kata-qemu-rs-m" in done.findings.conflicts[0]
+    assert (("Warning", cond.EVENT_CONFLICT)) in sink.reasons()
 
-
-def test_a_conflict_already_in_status_is_not_announced_again():
-    body = policy_body()
-    rcs, cms = desired_objects(body)
-    theirs = {"kind": "RuntimeClass", "metadata": {"name": "kata-qemu-rs-m"}, "handler": "kata-qemu-rs-m"}
-    others = [o for o in rcs if o["metadata"]["name"] != "kata-qemu-rs-m"]
-    api = FakeApi(theirs, *others, *cms, policy=body, allow=READS | {"patch_policy_status"})
-    run(rc.reconcile(api, body, "resync", rc.DesiredCache(), Sink()))
-    body["status"] = api.policy["status"]
-
-    quiet = FakeApi(theirs, *others, *cms, policy=body, allow=READS)
+    quiet = _theirs_m(api.policy)
+    quiet.allow = set(READS)
     sink = Sink()
-    result = run(rc.reconcile(quiet, body, "resync", rc.DesiredCache(), sink))
-    assert result.conflicts and sink.events == [] and quiet.writes == []
+    run(pass_of(make_state(quiet), "resync", sink))
+    assert [r for r in sink.reasons() if r[1] == cond.EVENT_CONFLICT] == [] and quiet.writes == []
 
 
-def test_report_mode_resync_reports_drift_once_and_writes_nothing_but_status():
-    body = policy_body(driftPolicy="Report")
-    api = in_sync_cluster(body, allow=READS | {"patch_policy_status"})
-    api.rcs["kata-qemu-rs-s"]["overhead"]["podFixed"]["memory"] = "1Mi"
-    cache, sink = rc.DesiredCache(), Sink()
-    result = run(rc.reconcile(api, body, "resync", cache, sink))
-    assert [c[0] for c in api.writes] == ["patch_policy_status"]
-    assert result.drifted and "kata-qemu-rs-s" in result.drifted[0]
+def _edit(api: FakeApi, key: tuple, change) -> None:
+    obj = api.objects[key]
+    change(obj)
+    obj["metadata"]["resourceVersion"] = str(next(api._versions))
+
+
+def _pod_fixed_1mi(obj: dict) -> None:
+    obj["overhead"]["podFixed"]["memory"] = "1Mi"
+
+
+def _settled(body: dict, allow=READS) -> tuple[FakeApi, OperatorState]:
+    """A cluster in sync whose operator has run its first pass (so it knows what it wanted)."""
+    api = in_sync_cluster(body, allow=allow | {"patch_status"})
+    state = make_state(api)
+    run(pass_of(state, "resync"))
+    api.calls.clear()
+    api.allow = set(allow)
+    return api, state
+
+
+def test_a_hand_edit_is_put_back_by_the_drift_pass_and_counted():
+    api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
+    key = ("RuntimeClass", None, "kata-qemu-rs-m")
+    want = copy.deepcopy(api.objects[key]["overhead"])
+    _edit(api, key, _pod_fixed_1mi)
+    sink = Sink()
+    run(pass_of(state, "drift", sink))
+    assert api.objects[key]["overhead"] == want
+    assert [c[0] for c in api.writes] == ["replace", "patch_status"]  # the object, then the counter
+    assert sink.reasons() == [("Normal", cond.EVENT_DRIFT_CORRECTED)]
+    assert api.policy["status"]["driftCorrections"] == 1
+
+
+def test_a_stale_event_for_an_object_already_right_writes_and_counts_nothing():
+    api, state = _settled(policy_body(), allow=READS | {"replace"})
+    key = ("RuntimeClass", None, "kata-qemu-rs-m")
+    right = copy.deepcopy(api.objects[key])
+    _edit(api, key, _pod_fixed_1mi)
+    # The pass reads the edited object, then somebody puts it back before the write lands.
+    original_replace = api.replace
+
+    async def raced(body):
+        api.objects[key] = api._stamped(right)
+        return await original_replace(body)
+
+    api.replace = raced
+    sink = Sink()
+    run(pass_of(state, "drift", sink))
+    assert [c[0] for c in api.calls] == ["replace", "read"]  # 409, re-read, already right: done
+    assert sink.events == [] and "driftCorrections" not in api.policy["status"]
+
+
+def test_a_deleted_object_is_recreated_and_counted():
+    api, state = _settled(policy_body(), allow=READS | {"create", "patch_status"})
+    key = ("ConfigMap", NAMESPACE, f"{NAME}-dropins")
+    api.objects.pop(key)
+    run(pass_of(state, "drift"))
+    assert key in api.objects and api.policy["status"]["driftCorrections"] == 1
+
+
+def test_report_mode_reports_and_counts_once_and_writes_only_status():
+    api, state = _settled(policy_body(driftPolicy="Report"), allow=READS | {"patch_status"})
+    key = ("RuntimeClass", None, "kata-qemu-rs-s")
+    _edit(api, key, _pod_fixed_1mi)
+    sink = Sink()
+    done = run(pass_of(state, "drift", sink))
+    assert done.findings.drifted and "kata-qemu-rs-s" in done.findings.drifted[0]
+    assert {c[0] for c in api.writes} == {"patch_status"}
     assert sink.reasons() == [("Warning", cond.EVENT_DRIFT_DETECTED)]
-    run(rc.reconcile(api, body, "resync", cache, sink))
+    assert api.policy["status"]["driftDetected"] == 1
+    run(pass_of(state, "resync", sink))
     assert sink.reasons() == [("Warning", cond.EVENT_DRIFT_DETECTED)], "the same drift was reported twice"
+    assert api.policy["status"]["driftDetected"] == 1
+
+
+def test_an_object_that_is_not_ours_is_never_touched():
+    body = policy_body()
+    api, state = _settled(body, allow=READS | {"patch_status"})
+    key = ("RuntimeClass", None, "kata-qemu-rs-m")
+    api.objects[key] = api._stamped({"kind": "RuntimeClass", "handler": "kata-qemu-rs-m",
+                                     "metadata": {"name": "kata-qemu-rs-m", "labels": {"team": "x"}},
+                                     "overhead": {"podFixed": {"cpu": "1", "memory": "1Gi"}}})
+    theirs = copy.deepcopy(api.objects[key])
+    run(pass_of(state, "drift"))
+    assert api.objects[key] == theirs
+    assert [c[0] for c in api.writes] == ["patch_status"]
+    assert {c["type"]: c["status"] for c in api.policy["status"]["conditions"]}["Conflict"] == "True"
 
 
 def test_kata_deploy_mode_guards_without_owning():
     body = policy_body(runtimeClass={**example()["spec"]["runtimeClass"], "managedBy": "KataDeploy"})
     policy = parse_policy(body)
-    desired = rc.build_desired(policy, render_policy(policy), body)
+    desired = build_desired(policy, render_policy(policy), body)
     # The operator owns what it creates: the ConfigMaps and the admission objects, not the chart's classes.
-    assert {k[0] for k in desired.owned} == {"ConfigMap", "ValidatingAdmissionPolicy",
-                                              "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
-                                              "MutatingAdmissionPolicyBinding"}
+    assert {k[0] for k in desired.owned} == {"ConfigMap", *ADMISSION_KINDS}
     assert {k[2] for k in desired.guarded} == {f"kata-qemu-rs-{c}" for c in ("s", "m", "l", "xl")}
     for obj in desired.guarded.values():
         assert "ownerReferences" not in obj["metadata"]
         assert obj["metadata"]["labels"][POLICY_LABEL] == NAME
 
 
-# --- drift events --------------------------------------------------------------------------
-
-
-def _drift_setup(body: dict | None = None, allow=READS):
-    body = body or policy_body()
-    api = in_sync_cluster(body, allow=allow)
-    cache = rc.DesiredCache()
-    policy = parse_policy(body)
-    cache.put(rc.build_desired(policy, render_policy(policy), body))
-    counted: list[tuple[str, str]] = []
-
-    async def count(policy_name, field_name):
-        counted.append((policy_name, field_name))
-    return api, cache, Sink(), count, counted
-
-
-def _edited(api: FakeApi, name: str) -> dict:
-    obj = api.rcs[name]
-    obj["overhead"]["podFixed"]["memory"] = "1Mi"
-    obj["metadata"]["resourceVersion"] = str(next(api._versions))
-    return {**copy.deepcopy(obj), "kind": "RuntimeClass"}
-
-
-def test_a_drifted_runtime_class_is_put_back_and_counted():
-    api, cache, sink, count, counted = _drift_setup(allow=READS | {"replace_runtime_class"})
-    original = copy.deepcopy(cache.by_policy[NAME].owned[("RuntimeClass", None, "kata-qemu-rs-m")])
-    event = _edited(api, "kata-qemu-rs-m")
-    message = run(rc.handle_child_event(api, cache, "MODIFIED", event, sink, count))
-    assert "kata-qemu-rs-m" in message
-    assert api.rcs["kata-qemu-rs-m"]["overhead"] == original["overhead"]
-    assert [c[0] for c in api.writes] == ["replace_runtime_class"]
-    assert sink.reasons() == [("Normal", cond.EVENT_DRIFT_CORRECTED)]
-    assert counted == [(NAME, "driftCorrections")]
-
-
-def test_a_stale_event_for_an_object_already_right_writes_and_counts_nothing():
-    api, cache, sink, count, counted = _drift_setup(allow=READS | {"replace_runtime_class"})
-    stale = _edited(api, "kata-qemu-rs-m")
-    api.rcs["kata-qemu-rs-m"] = api._stamped(cache.by_policy[NAME].owned[("RuntimeClass", None, "kata-qemu-rs-m")])
-    assert run(rc.handle_child_event(api, cache, "MODIFIED", stale, sink, count)) is None
-    assert [c[0] for c in api.calls] == ["replace_runtime_class", "read_runtime_class"]  # 409, re-read, done
-    assert sink.events == [] and counted == []
-
-
-def test_a_deleted_object_is_recreated():
-    api, cache, sink, count, counted = _drift_setup(allow=READS | {"create_config_map"})
-    key = ("kata-sizing", f"{NAME}-dropins")
-    gone = {**api.cms.pop(key), "kind": "ConfigMap"}
-    run(rc.handle_child_event(api, cache, "DELETED", gone, sink, count))
-    assert key in api.cms and counted == [(NAME, "driftCorrections")]
-
-
-def test_an_object_that_is_not_ours_is_never_touched():
-    api, cache, sink, count, counted = _drift_setup(allow=set())
-    theirs = {"kind": "RuntimeClass", "handler": "kata-qemu-rs-m",
-              "metadata": {"name": "kata-qemu-rs-m", "resourceVersion": "1", "labels": {"team": "x"}},
-              "overhead": {"podFixed": {"cpu": "1", "memory": "1Gi"}}}
-    for event_type in ("ADDED", "MODIFIED", "DELETED"):
-        assert run(rc.handle_child_event(api, cache, event_type, theirs, sink, count)) is None
-    assert api.calls == [] and sink.events == [] and counted == []
-
-
-def test_report_mode_counts_and_warns_but_does_not_write():
-    api, cache, sink, count, counted = _drift_setup(policy_body(driftPolicy="Report"), allow=set())
-    event = _edited(api, "kata-qemu-rs-s")
-    run(rc.handle_child_event(api, cache, "MODIFIED", event, sink, count))
-    assert api.calls == []
-    assert sink.reasons() == [("Warning", cond.EVENT_DRIFT_DETECTED)]
-    assert counted == [(NAME, "driftDetected")]
-
-
 def test_two_policies_with_the_same_names_each_keep_their_own_objects():
     first, second = policy_body(), policy_body()
     second["metadata"].update(name="copycat", uid="0e3c9a4e-0000-4000-8000-000000000002")
     second["spec"]["runtimeClass"] = {**second["spec"]["runtimeClass"], "namePrefix": "kata-qemu-rs"}
-    cache = rc.DesiredCache()
+    cache = DesiredCache()
     for body in (first, second):
         policy = parse_policy(body)
-        cache.put(rc.build_desired(policy, render_policy(policy), body))
+        cache.put(build_desired(policy, render_policy(policy), body))
     key = ("RuntimeClass", None, "kata-qemu-rs-m")
     ours = cache.by_policy[NAME].owned[key]
     assert cache.for_child(key, ours).policy_name == NAME
     cache.drop("copycat")
     assert cache.for_child(key).policy_name == NAME
-    cache.put(rc.build_desired(parse_policy(second), render_policy(parse_policy(second)), second))
+    cache.put(build_desired(parse_policy(second), render_policy(parse_policy(second)), second))
     cache.drop(NAME)
     assert cache.for_child(key).policy_name == "copycat"
-
-
-# --- the drift counters ------------------------------------------------------------------
-
-
-def test_increment_counter_is_a_guarded_json_patch_that_retries_a_lost_race():
-    body = policy_body()
-    body["status"] = {"driftCorrections": 2}
-    api = FakeApi(policy=body, allow={"read_policy", "patch_policy_status"})
-    api.fail["patch_policy_status"] = [Invalid(422, "test failed")]
-    run(rc.increment_counter(api, NAME, "driftCorrections"))
-    assert api.policy["status"]["driftCorrections"] == 3
-    patches = [c[2] for c in api.calls if c[0] == "patch_policy_status"]
-    assert len(patches) == 2
-    assert patches[-1][0] == {"op": "test", "path": "/status/driftCorrections", "value": 2}
-
-
-@pytest.mark.parametrize("status", [None, {}, {"observedGeneration": 1}])
-def test_increment_counter_starts_at_one(status):
-    body = policy_body()
-    if status is not None:
-        body["status"] = status
-    api = FakeApi(policy=body, allow={"read_policy", "patch_policy_status"})
-    run(rc.increment_counter(api, NAME, "driftDetected"))
-    assert api.policy["status"]["driftDetected"] == 1
-
-
-def test_increment_counter_of_a_deleted_policy_is_a_no_op():
-    api = FakeApi(policy=None, allow={"read_policy"})
-    run(rc.increment_counter(api, NAME, "driftDetected"))
-    assert api.calls == [("read_policy", NAME)]
 
 
 def test_a_policy_warning_is_an_event_once_and_stays_in_status():
@@ -630,62 +587,146 @@ def test_a_policy_warning_is_an_event_once_and_stays_in_status():
     body = policy_body(classes=[{"name": "m", "cpu": "2", "memory": "2Gi", "overheadVcpus": "0.5",
                                  "overheadMemory": "128Mi", "defaultVcpus": 2, "defaultMemory": "1024Mi",
                                  "podFixed": {"cpu": "600m", "memory": "160Mi"}}])
-    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "create_admission_object",
-                                                 "patch_policy_status"})
+    api = FakeApi(policy=body, allow=ALL_WRITES)
     sink = Sink()
-    run(rc.reconcile(api, body, "apply", rc.DesiredCache(), sink))
+    run(pass_of(make_state(api), "apply", sink))
     assert ("Warning", cond.EVENT_WARNING) in sink.reasons()
     (warning,) = api.policy["status"]["warnings"]
     assert "podFixed.memory 160Mi is below default_memory 1Gi + host memory 50Mi" in warning
     assert {c["type"]: c["status"] for c in api.policy["status"]["conditions"]}["Valid"] == "True"
 
-    body["status"] = api.policy["status"]
-    again = in_sync_cluster(body)
+    again = in_sync_cluster(api.policy)
     sink = Sink()
-    run(rc.reconcile(again, body, "resync", rc.DesiredCache(), sink))
+    run(pass_of(make_state(again), "resync", sink))
     assert sink.events == [] and again.writes == []
 
 
-# --- admission objects: what is drift and what is the server's default --------------------------
+# --- what the executor reports: refusals, a missing namespace, failures mid-pass ---------------
 
 
-@pytest.mark.parametrize("live, expected", [
-    ({"policyName": "p", "validationActions": ["Deny"]}, []),
-    # The server's defaults, at their default values.
-    ({"policyName": "p", "validationActions": ["Deny"], "matchResources": {}}, ["spec.matchResources"]),
-    ({"policyName": "p", "validationActions": ["Audit"]}, ["spec.validationActions[0]"]),
-    ({"policyName": "p", "validationActions": ["Deny", "Audit"]}, ["spec.validationActions"]),
-    ({"validationActions": ["Deny"]}, ["spec.policyName"]),
-    ({"policyName": "p", "validationActions": ["Deny"], "paramRef": {"name": "x"}}, ["spec.paramRef"]),
-], ids=["equal", "added-block", "changed-value", "longer-list", "removed", "added-field"])
-def test_spec_differences_of_a_binding(live, expected):
-    assert rc.spec_differences({"policyName": "p", "validationActions": ["Deny"]}, live) == expected
+def test_an_admission_object_the_server_refuses_is_said_in_status_and_the_rest_is_written():
+    body = policy_body()
+    api = FakeApi(policy=body, allow=ALL_WRITES)
+    # A server whose CEL library lacks a function the rule uses answers 422 on the policy.
+    api.fail["create"] = [Invalid(422, "spec.validations[0].expression: compilation failed")]
+    api.create = _fail_first_admission_create(api)
+    done = run(pass_of(make_state(api), "apply"))
+    assert len(api.written("create", "RuntimeClass")) == 4
+    assert len([c for c in api.written("create") if c[1][0] in ADMISSION_KINDS]) == 6  # the refused one and 5 more
+    assert len([k for k in api.objects if k[0] in ADMISSION_KINDS]) == 5
+    conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
+    assert conditions["InSync"]["status"] == "False" and conditions["InSync"]["reason"] == cond.REASON_REFUSED
+    assert "compilation failed" in conditions["InSync"]["message"] and done.findings.refused
 
 
-def test_spec_differences_ignore_what_the_server_defaults_only_at_its_default_value():
-    desired = {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "resources": ["pods"]}]}}
-    defaulted = {"failurePolicy": "Fail", "matchConstraints": {
-        "matchPolicy": "Equivalent", "namespaceSelector": {}, "objectSelector": {},
-        "resourceRules": [{"apiGroups": [""], "resources": ["pods"], "scope": "*"}]}}
-    assert rc.spec_differences(desired, defaulted) == []
-    narrowed = copy.deepcopy(defaulted)
-    narrowed["matchConstraints"]["objectSelector"] = {"matchLabels": {"team": "a"}}
-    narrowed["failurePolicy"] = "Ignore"
-    assert sorted(rc.spec_differences(desired, narrowed)) == ["spec.failurePolicy", "spec.matchConstraints.objectSelector"]
+def _fail_first_admission_create(api: FakeApi):
+    original = api.create
+    errors = api.fail.pop("create")
+
+    async def create(body):
+        if body["kind"] in ADMISSION_KINDS and errors:
+            api.calls.append(("create", obj_key(body)))
+            raise errors.pop(0)
+        return await original(body)
+
+    return create
 
 
-def test_a_corrected_admission_object_keeps_other_peoples_labels_and_takes_the_whole_spec():
-    desired = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-               "metadata": {"name": "b", "labels": {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: NAME}},
-               "spec": {"policyName": "p", "validationActions": ["Deny"]}}
-    live = copy.deepcopy(desired)
-    live["metadata"].update(resourceVersion="7", labels={**desired["metadata"]["labels"], "team": "a"})
-    live["spec"] = {"policyName": "p", "validationActions": ["Audit"], "paramRef": {"name": "x"}}
-    assert rc.differences(desired, live) == ["spec.validationActions[0]", "spec.paramRef"]
-    fixed = rc.corrected(desired, live)
-    assert fixed["spec"] == desired["spec"] and fixed["metadata"]["resourceVersion"] == "7"
-    assert fixed["metadata"]["labels"]["team"] == "a"
-    assert rc.differences(desired, fixed) == []
+def test_a_missing_output_namespace_is_in_status_with_the_servers_message_and_is_not_retried_in_a_loop():
+    body = policy_body(output={"namespace": "not-yet"})
+    api = FakeApi(policy=body, allow=ALL_WRITES, namespaces=())
+    sink = Sink()
+    landed: list[str] = []
+    with pytest.raises(rc.RetryLater, match='namespaces "not-yet" not found'):
+        run(pass_of(make_state(api), "apply", sink, landed))
+    configmap_creates = api.written("create", "ConfigMap")
+    assert len(configmap_creates) == 3, "each ConfigMap is tried once a pass, not five times"
+    # The other objects are written, and counted as written.
+    assert len(api.written("create", "RuntimeClass")) == 4
+    assert len(landed) == 4 + 6 and not [t for t in landed if "ConfigMap" in t]
+    status = api.policy["status"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["InSync"]["reason"] == cond.REASON_OUTPUT_NAMESPACE_MISSING
+    assert 'namespaces "not-yet" not found' in conditions["InSync"]["message"]
+    assert conditions["Ready"]["status"] == "False" and status["observedGeneration"] == 1
+    assert ("Warning", cond.EVENT_WRITE_FAILED) in sink.reasons()
+    assert "still conflicting" not in str(sink.events)
+
+
+def test_a_pass_that_fails_midway_reports_the_writes_that_landed_and_counts_its_corrections():
+    api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
+    for name in ("kata-qemu-rs-s", "kata-qemu-rs-m", "kata-qemu-rs-l"):
+        _edit(api, ("RuntimeClass", None, name), _pod_fixed_1mi)
+    original = api.replace
+
+    async def replace(body):
+        if body["metadata"]["name"] == "kata-qemu-rs-l":
+            api.calls.append(("replace", obj_key(body)))
+            raise TransientApiError(503, "replace RuntimeClass kata-qemu-rs-l: unavailable")
+        return await original(body)
+
+    api.replace = replace
+    landed: list[str] = []
+    with pytest.raises(TransientApiError):
+        run(pass_of(state, "drift", landed=landed))
+    assert sorted(landed) == ["updated RuntimeClass kata-qemu-rs-m", "updated RuntimeClass kata-qemu-rs-s"]
+    # The two corrections that landed are counted now; the retry finds only the third to do.
+    assert api.policy["status"]["driftCorrections"] == 2
+    api.replace = original
+    run(pass_of(state, "drift"))
+    assert api.policy["status"]["driftCorrections"] == 3
+
+
+def test_at_most_writes_per_pass_are_in_flight_at_once():
+    body = policy_body()
+    api = FakeApi(policy=body, allow=ALL_WRITES)
+    original, in_flight, peak = api.create, [0], [0]
+
+    async def create(body):
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        return await original(body)
+
+    api.create = create
+    run(pass_of(make_state(api), "apply"))
+    assert peak[0] == WRITES_PER_PASS
+
+
+# --- the drift counters ------------------------------------------------------------------
+
+
+def test_a_counter_update_that_lost_a_race_is_retried_and_the_count_is_exact():
+    api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
+    api.objects[policy_key(NAME)]["status"]["driftCorrections"] = 2  # counted by an earlier pass
+    state.policies[NAME]["status"]["driftCorrections"] = 2
+    _edit(api, ("RuntimeClass", None, "kata-qemu-rs-m"), _pod_fixed_1mi)
+    # Between the read and the patch somebody else added one (another replica's last pass).
+    original = api.patch_status
+
+    async def patch_status(key, patch):
+        if isinstance(patch, list) and not getattr(patch_status, "raced", False):
+            patch_status.raced = True
+            api.objects[policy_key(NAME)]["status"]["driftCorrections"] = 3
+        return await original(key, patch)
+
+    api.patch_status = patch_status
+    run(pass_of(state, "drift"))
+    assert api.policy["status"]["driftCorrections"] == 4
+    patches = [c[2] for c in api.calls if c[0] == "patch_status" and isinstance(c[2], list)]
+    assert len(patches) == 2 and patches[-1][0] == {"op": "test", "path": "/status/driftCorrections", "value": 3}
+
+
+def test_ten_hand_edits_in_a_row_count_ten_whatever_the_passes_between_them():
+    api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
+    names = ["kata-qemu-rs-s", "kata-qemu-rs-m", "kata-qemu-rs-l", "kata-qemu-rs-xl"]
+    for i in range(10):
+        _edit(api, ("RuntimeClass", None, names[i % 4]), _pod_fixed_1mi)
+        # Whichever pass runs first puts it back: a drift event's, the resync's or the guidance's.
+        run(pass_of(state, ("drift", "resync")[i % 2]))
+        run(pass_of(state, "resync"))
+    assert api.policy["status"]["driftCorrections"] == 10
 
 
 # --- the pod audit in status ------------------------------------------------------------------------
@@ -697,48 +738,30 @@ def _finding(pod: str, rule: str = "pod-envelope-exceeded", class_name: str = "s
 
 
 def test_pod_audit_status_counts_every_pod_and_lists_a_bounded_sorted_few():
-    findings = [_finding(f"ns/pod-{i:03d}") for i in range(rc.POD_AUDIT_LISTED + 10)]
+    findings = [_finding(f"ns/pod-{i:03d}") for i in range(st.POD_AUDIT_LISTED + 10)]
     findings += [_finding("ns/pod-000", "pod-memory-limit-missing"), _finding("a/x", class_name="m")]
-    audit = rc.pod_audit_status(findings)
-    assert audit["pods"] == rc.POD_AUDIT_LISTED + 11
+    audit = st.pod_audit_status(findings)
+    assert audit["pods"] == st.POD_AUDIT_LISTED + 11
     assert audit["counts"] == [
         {"class": "m", "rule": "pod-envelope-exceeded", "pods": 1},
-        {"class": "s", "rule": "pod-envelope-exceeded", "pods": rc.POD_AUDIT_LISTED + 10},
+        {"class": "s", "rule": "pod-envelope-exceeded", "pods": st.POD_AUDIT_LISTED + 10},
         {"class": "s", "rule": "pod-memory-limit-missing", "pods": 1},
     ]
-    assert len(audit["listed"]) == rc.POD_AUDIT_LISTED and audit["truncated"] is True
+    assert len(audit["listed"]) == st.POD_AUDIT_LISTED and audit["truncated"] is True
     assert [r["pod"] for r in audit["listed"][:3]] == ["a/x", "ns/pod-000", "ns/pod-000"]
 
 
 def test_the_pod_audit_event_is_posted_when_the_list_changes_and_not_again_after_a_restart():
-    cache, sink = rc.DesiredCache(), Sink()
-    ref = {"kind": "KataSizingPolicy", "metadata": {"name": NAME}}
-    one = rc.pod_audit_status([_finding("ns/a")])
-    rc.announce_pod_audit(cache, sink, ref, NAME, {}, one)
-    rc.announce_pod_audit(cache, sink, ref, NAME, {}, one)  # the status write has not come back yet
-    assert sink.reasons() == [("Warning", cond.EVENT_POD_AUDIT)]
-    assert "1 Kata pod(s) outside their class (1 pod-envelope-exceeded on class s)" in sink.events[0][2]
-    two = rc.pod_audit_status([_finding("ns/a"), _finding("ns/b")])
-    rc.announce_pod_audit(cache, sink, ref, NAME, {"status": {"podAudit": one}}, two)
-    assert len(sink.events) == 2
-    rc.announce_pod_audit(cache, sink, ref, NAME, {"status": {"podAudit": two}}, rc.pod_audit_status([]))
-    rc.announce_pod_audit(cache, sink, ref, NAME, {"status": {"podAudit": rc.pod_audit_status([])}}, two)
-    assert len(sink.events) == 3  # the same pods again after the list emptied: news again
-    restarted = rc.DesiredCache()
-    rc.announce_pod_audit(restarted, sink, ref, NAME, {"status": {"podAudit": two}}, two)
-    assert len(sink.events) == 3
-
-
-def test_an_admission_object_the_server_refuses_is_said_in_status_and_the_rest_is_written():
-    body = policy_body()
-    api = FakeApi(policy=body, allow=READS | {"create_runtime_class", "create_config_map", "create_admission_object",
-                                              "patch_policy_status"})
-    # A server whose CEL library lacks a function the rule uses answers 422 on the policy.
-    api.fail["create_admission_object"] = [Invalid(422, "spec.validations[0].expression: compilation failed")]
-    result = run(rc.reconcile(api, body, "apply", rc.DesiredCache(), Sink()))
-    assert len([c for c in api.writes if c[0] == "create_runtime_class"]) == 4
-    assert len([c for c in api.writes if c[0] == "create_admission_object"]) == 6  # the refused one and 5 more
-    assert len(api.adm) == 5
-    conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
-    assert conditions["InSync"]["status"] == "False" and conditions["InSync"]["reason"] == cond.REASON_REFUSED
-    assert "compilation failed" in conditions["InSync"]["message"] and result.refused
+    said = st.Announcements({})
+    one = st.pod_audit_status([_finding("ns/a")])
+    assert st.pod_audit_event(said, {}, one)
+    assert st.pod_audit_event(said, {}, one) is None  # the status write has not come back yet
+    assert "1 Kata pod(s) outside their class (1 pod-envelope-exceeded on class s)" in st.pod_audit_event(
+        st.Announcements({}), {}, one)[2]
+    two = st.pod_audit_status([_finding("ns/a"), _finding("ns/b")])
+    assert st.pod_audit_event(said, {"status": {"podAudit": one}}, two)
+    assert st.pod_audit_event(said, {"status": {"podAudit": two}}, st.pod_audit_status([])) is None
+    # The same pods again after the list emptied: news again.
+    assert st.pod_audit_event(said, {"status": {"podAudit": st.pod_audit_status([])}}, two)
+    restarted = st.Announcements({})
+    assert st.pod_audit_event(restarted, {"status": {"podAudit": two}}, two) is None

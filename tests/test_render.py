@@ -16,7 +16,7 @@ from kata_sizing.core import defaults
 from kata_sizing.core.guidance import NodeFacts
 from kata_sizing.core.model import PolicyError, parse_policy
 from kata_sizing.core.quantity import MIB
-from kata_sizing.core.render import _yaml_block, render_policy
+from kata_sizing.core.render import render_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -477,42 +477,3 @@ def test_identical_nodes_form_one_group():
     assert [(g.key, g.nodes) for g in rendered.guidance] == [
         ("capacity-256gi", ["a", "b"]), ("capacity-128gi", ["c"])]
     assert set(rendered.configmaps[2]["data"]) == {"capacity-256gi.yaml", "capacity-128gi.yaml", "summary.txt"}
-
-
-# --- the YAML block filter ------------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.text(), indent=st.integers(min_value=1, max_value=12))
-def test_yaml_block_round_trips_any_text(text, indent):
-    document = "key: " + _yaml_block(text, indent) + "\nafter: 1\n"
-    assert yaml.safe_load(document) == {"key": text, "after": 1}
-
-
-@settings(max_examples=200, deadline=None)
-@given(text=st.text(alphabet=st.characters(codec="utf-8"), min_size=1))
-def test_yaml_block_round_trips_inside_the_values_overlay_position(text):
-    # The overlay writes `dropIn: <block>` at 6 spaces with the block at 8 spaces.
-    document = "a:\n  b:\n    c:\n      dropIn: " + _yaml_block(text, 8) + "\n      next: x\n"
-    assert yaml.safe_load(document) == {"a": {"b": {"c": {"dropIn": text, "next": "x"}}}}
-
-
-@pytest.mark.parametrize("text", ["a\n", "a", "[x]\nk = 1\n", "# c\n\n[x]\n", "a\n\nb", "\nlead\n"])
-def test_yaml_block_uses_a_literal_block_for_readable_text(text):
-    block = _yaml_block(text, 4)
-    assert block.startswith("|")
-    assert yaml.safe_load("k: " + block + "\nnext: 1\n") == {"k": text, "next": 1}
-
-
-@pytest.mark.parametrize("text", ["\U0001f600 ", " \U0001f600", "\\ud83d\\ude00 ", "x\U00018d09"])
-def test_characters_beyond_the_bmp_survive_the_json_fallback(text):
-    # json.dumps would write a UTF-16 surrogate pair that YAML reads as two broken characters.
-    assert yaml.safe_load("k: " + _yaml_block(text, 4) + "\n") == {"k": text}
-
-
-def test_template_values_beyond_the_bmp_survive_tojson():
-    # Selectors are label values now (an emoji is refused there), so the filter itself is checked.
-    from kata_sizing.core.render import _json_for_yaml
-
-    value = {"example.com/zone": "\U0001f600 \\ud83d"}
-    assert yaml.safe_load(_json_for_yaml(value)) == value

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from kata_sizing.core.calibrate import guest_budget_mib
+from kata_sizing.core.sizing import guest_budget_mib
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes

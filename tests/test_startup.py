@@ -1,6 +1,6 @@
 """What keeps a cold `kata-sizing render` quick, guarded (the timings are `make bench`'s):
-the console script skips pydantic's plugin lookup and the cyclic collector, templates run
-from the code shipped in compiled_templates/ while it matches them, and what the console
+the console script skips pydantic's plugin lookup and the cyclic collector, a render without
+nodes builds its objects as data and imports no template engine at all, and what the console
 script turns off is back on for the long-lived operator."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from kata_sizing import cli
-from kata_sizing.core import render, templategen
+from kata_sizing.core import render
+from kata_sizing.core.guidance import NodeFacts
 from kata_sizing.core.model import parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,22 +32,15 @@ def _console_script_probe(argv: list[str], env: dict[str, str] | None = None) ->
     """Run the console script's main in a fresh interpreter and say what it did."""
     probe = textwrap.dedent(f"""
         import contextlib, gc, io, json, sys
-        import jinja2
-        compiled = []
-        compile_template = jinja2.Environment.compile
-        def counting(self, source, name=None, *args, **kwargs):
-            compiled.append(name)
-            return compile_template(self, source, name, *args, **kwargs)
-        jinja2.Environment.compile = counting
         sys.argv = ["kata-sizing", *{argv!r}]
         from kata_sizing.__main__ import main
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = main()
         print(json.dumps({{
-            "code": code, "output": out.getvalue(), "compiled": compiled, "gc": gc.isenabled(),
+            "code": code, "output": out.getvalue(), "gc": gc.isenabled(),
             "loaded": sorted(m for m in ("importlib.metadata", "email", "zipfile", "kata_sizing.core.guidance",
-                                         "kopf", "kubernetes") if m in sys.modules),
+                                         "kopf", "kubernetes", "jinja2") if m in sys.modules),
         }}))
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
@@ -56,13 +49,13 @@ def _console_script_probe(argv: list[str], env: dict[str, str] | None = None) ->
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def test_console_script_render_looks_up_no_plugin_compiles_no_template_and_skips_the_gc():
+def test_console_script_render_looks_up_no_plugin_imports_no_template_engine_and_skips_the_gc():
     seen = _console_script_probe(["render", str(EXAMPLE)])
     assert seen["code"] == 0
     assert seen["output"].startswith("---\napiVersion: v1\nkind: ConfigMap\n")
-    # importlib.metadata (and the email/zipfile it brings) was pydantic's plugin lookup.
+    # importlib.metadata (and the email/zipfile it brings) was pydantic's plugin lookup; the
+    # objects are data and the drop-ins and values overlay are written without jinja2.
     assert seen["loaded"] == []
-    assert seen["compiled"] == []
     assert seen["gc"] is False
 
 
@@ -71,45 +64,16 @@ def test_console_script_prints_the_same_documents_as_cli_main(capsys):
     assert _console_script_probe(["render", str(EXAMPLE)])["output"] == capsys.readouterr().out
 
 
-def test_an_edited_template_is_compiled_from_its_file_and_the_others_run_from_shipped_code(tmp_path):
-    templates = tmp_path / "templates"
-    shutil.copytree(render.REPOSITORY_TEMPLATES, templates)
-    drop_in = templates / "dropin.toml.j2"
-    drop_in.write_text("# edited after `make templates`\n" + drop_in.read_text())
-    env = {**_clean_env(), "KATA_SIZING_TEMPLATES": str(templates)}
-    seen = _console_script_probe(["render", str(EXAMPLE)], env=env)
-    assert seen["code"] == 0
-    assert seen["compiled"] == ["dropin.toml.j2"]
-    assert "# edited after `make templates`" in seen["output"]
-
-
-def test_shipped_code_renders_what_jinja2_renders_from_the_files(tmp_path, monkeypatch):
+def test_the_guidance_summary_comes_from_the_template_directory_given(tmp_path, monkeypatch):
     policy = parse_policy(yaml.safe_load(EXAMPLE.read_text()))
-    shipped = render.render_policy(policy)
-    # A copy whose every file differs (a trailing comment line) is compiled from source.
+    node = NodeFacts(name="node-a", capacity_memory_bytes=64 * 2**30)
     templates = tmp_path / "templates"
     templates.mkdir()
-    for path in render.REPOSITORY_TEMPLATES.glob("*.j2"):
-        (templates / path.name).write_text(path.read_text() + "{# compiled from this file #}")
+    source = (render.REPOSITORY_TEMPLATES / render.SUMMARY_TEMPLATE).read_text()
+    (templates / render.SUMMARY_TEMPLATE).write_text("# an image's own copy\n" + source)
     monkeypatch.setenv("KATA_SIZING_TEMPLATES", str(templates))
-    compiled = render.render_policy(policy)
-    assert (compiled.values_yaml, compiled.drop_ins, compiled.objects()) == \
-        (shipped.values_yaml, shipped.drop_ins, shipped.objects())
-
-
-def test_compiled_templates_are_current():
-    result = subprocess.run([sys.executable, "-m", "kata_sizing.core.templategen", "--check"],
-                            capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert result.returncode == 0, f"compiled_templates/ is stale: run `make templates`\n{result.stderr}"
-
-
-def test_templategen_check_names_a_stale_module(tmp_path, monkeypatch):
-    monkeypatch.setattr(templategen, "PACKAGE_DIR", tmp_path)
-    files = templategen.generate(render.REPOSITORY_TEMPLATES)
-    templategen.write(files)
-    assert templategen.check(files) == 0
-    (tmp_path / "dropin_toml.py").write_text("# hand-edited\n")
-    assert templategen.check(files) == 1
+    summary = render.render_policy(policy, nodes=[node]).configmaps[2]["data"][render.SUMMARY_KEY]
+    assert summary.startswith("# an image's own copy\nNode guidance for KataSizingPolicy qemu-rs")
 
 
 def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch, tmp_path):

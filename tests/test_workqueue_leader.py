@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from kata_sizing.controller import reconcile as rc
+from kata_sizing.controller import compare
 from kata_sizing.controller.kube import Conflict, TransientApiError
 from kata_sizing.controller.leader import LeaderElector, LeaseOptions
 from kata_sizing.controller.workqueue import Retry, WorkQueue
@@ -156,14 +156,14 @@ def chart_made(**change) -> dict:
     (chart_made(handler="other"), ["handler"]),
 ], ids=["as-the-chart-makes-it", "tee-key", "pod-fixed", "selector-key", "toleration", "our-labels", "handler"])
 def test_kata_deploy_mode_compares_only_what_the_policy_decides(live, expected):
-    assert rc.differences(WANT, live, guarded=True) == expected
+    assert compare.differences(WANT, live, guarded=True) == expected
 
 
 def test_a_guarded_correction_keeps_every_key_of_the_chart():
     live = chart_made(**{"overhead.podFixed": {"cpu": "1m", "memory": "1Mi", "sev-snp.amd.com/esids": "1"},
                          "scheduling.tolerations": [{"key": "theirs", "operator": "Exists"}]})
-    fixed = rc.corrected(WANT, live, guarded=True)
-    assert rc.differences(WANT, fixed, guarded=True) == []
+    fixed = compare.corrected(WANT, live, guarded=True)
+    assert compare.differences(WANT, fixed, guarded=True) == []
     assert fixed["overhead"]["podFixed"] == {"cpu": "250m", "memory": "908Mi", "sev-snp.amd.com/esids": "1"}
     assert fixed["scheduling"]["nodeSelector"]["kata-deploy.katacontainers.io/default"] == "true"
     assert fixed["scheduling"]["tolerations"] == [
@@ -175,7 +175,7 @@ def test_a_guarded_correction_keeps_every_key_of_the_chart():
 def test_operator_mode_still_owns_the_whole_scheduling_block():
     live = copy.deepcopy(WANT)
     live["scheduling"]["nodeSelector"]["extra"] = "1"
-    assert rc.differences(WANT, live) == ["scheduling"]
+    assert compare.differences(WANT, live) == ["scheduling"]
 
 
 # --- the Lease elector -------------------------------------------------------------------------
@@ -194,11 +194,12 @@ class FakeLeases:
             self.fail_next -= 1
             raise TransientApiError(503, "unavailable")
 
-    async def read_lease(self, namespace, name):
+    async def read(self, key):
+        assert key[0] == "Lease"
         self._maybe_fail()
         return copy.deepcopy(self.lease)
 
-    async def create_lease(self, body):
+    async def create(self, body):
         self._maybe_fail()
         if self.lease is not None:
             raise Conflict(409, "exists")
@@ -206,7 +207,7 @@ class FakeLeases:
         self.lease = {**copy.deepcopy(body), "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
         return copy.deepcopy(self.lease)
 
-    async def replace_lease(self, body):
+    async def replace(self, body):
         self._maybe_fail()
         if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
             raise Conflict(409, "stale")

@@ -17,10 +17,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-import yaml
-
 from . import __version__
-from .core import bounded
+from .core import bounded, yamlout
 from .core.bounded import InputError
 from .core.model import KataSizingPolicy, PolicyError, format_decimal_error, parse_policy, policy_set_problems
 from .core.quantity import QuantityError, cpu_cores, memory_bytes
@@ -31,23 +29,6 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
-
-
-class _LiteralDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml's emitter: same text, 5x faster
-    """Multi-line strings (drop-ins, values.yaml) as readable `|` blocks."""
-
-
-def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
-    if "\n" in text and all(line == line.rstrip() for line in text.split("\n")):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text)
-
-
-_LiteralDumper.add_representer(str, _represent_str)
-
-
-def dump_yaml_documents(objects: Sequence[dict]) -> str:
-    return yaml.dump_all(objects, Dumper=_LiteralDumper, sort_keys=False, explicit_start=True)
 
 
 def read_text(path: str) -> str:
@@ -132,12 +113,12 @@ def cmd_render(args: argparse.Namespace) -> int:
             infra_pod_memory_bytes=_limit("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
             kubelet_version=_kubelet_version(args.kubelet_version),
         )]
-    objects, errors, overlays = [], [], []
+    objects, errors, overlays = [], [], []  # overlays: (policy, its values as text and as data)
     for policy in policies:
         rendered = render_policy(policy, nodes=nodes)
         errors.extend(f"{policy.name}: {p}" for p in rendered.problems if p.severity == "error")
         _print_problems([f"{policy.name}: {p}" for p in rendered.problems if p.severity == "warning"], "warning")
-        overlays.append((policy.name, rendered.values_yaml))
+        overlays.append((policy.name, rendered.values_yaml, rendered.values))
         if args.values_only:
             continue
         if not rendered.creates_runtime_classes:
@@ -156,11 +137,11 @@ def cmd_render(args: argparse.Namespace) -> int:
         body = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
         print(json.dumps(body, indent=2))
     else:
-        sys.stdout.write(dump_yaml_documents(objects))
+        sys.stdout.write(yamlout.dump_documents(objects))
     return EXIT_OK
 
 
-def _print_values_overlay(overlays: list[tuple[str, str]], output: str) -> int:
+def _print_values_overlay(overlays: list[tuple[str, str, dict]], output: str) -> int:
     """The kata-deploy values overlay alone, for a pipeline that commits it next to the
     HelmRelease (or passes it to `helm upgrade -f`). Several policies give one overlay with
     every policy's custom runtimes."""
@@ -168,16 +149,16 @@ def _print_values_overlay(overlays: list[tuple[str, str]], output: str) -> int:
         sys.stdout.write(overlays[0][1])  # as rendered, with its comments
         return EXIT_OK
     runtimes: dict[str, object] = {}
-    for _, text in overlays:
+    for _, _, values in overlays:
         # Custom runtimes are named after the RuntimeClasses, which load_policies keeps apart.
-        runtimes.update(yaml.safe_load(text)["customRuntimes"]["runtimes"])
+        runtimes.update(values["customRuntimes"]["runtimes"])
     merged = {"customRuntimes": {"enabled": True, "runtimes": runtimes}}
     if output == "json":
         print(json.dumps(merged, indent=2))
     else:
-        print(f"# kata-deploy values overlay rendered by kata-sizing from KataSizingPolicies "
-              f"{', '.join(name for name, _ in overlays)}.")
-        sys.stdout.write(yaml.dump(merged, Dumper=_LiteralDumper, sort_keys=False))
+        sys.stdout.write(yamlout.dump(merged, comments=[
+            "kata-deploy values overlay rendered by kata-sizing from KataSizingPolicies "
+            f"{', '.join(name for name, _, _ in overlays)}."]))
     return EXIT_OK
 
 
@@ -469,7 +450,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     print("# Fitted overhead function (upper envelope: every sample covered).")
     print("# Paste under spec: in a KataSizingPolicy.")
-    sys.stdout.write(yaml.safe_dump({"overhead": report["overhead"]}, sort_keys=False))
+    sys.stdout.write(yamlout.dump({"overhead": report["overhead"]}))
     print("# Residuals per sample (line above measurement, MiB): " + ", ".join(report["residualsMiB"]))
     for c in report.get("classes", []):
         print(f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, "

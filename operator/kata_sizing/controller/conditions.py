@@ -21,6 +21,7 @@ REASON_RUNTIME_CLASS_MISSING = "RuntimeClassMissing"
 REASON_CONFLICT = "UnmanagedRuntimeClass"
 REASON_NO_CONFLICT = "NoConflict"
 REASON_REFUSED = "RefusedByServer"
+REASON_OUTPUT_NAMESPACE_MISSING = "OutputNamespaceMissing"
 
 # Event reasons.
 EVENT_APPLIED = "Applied"
@@ -31,6 +32,7 @@ EVENT_CONFLICT = "Conflict"
 EVENT_WARNING = "PolicyWarning"
 EVENT_UNMANAGED = "UnmanagedRuntimeClassAudit"
 EVENT_POD_AUDIT = "PodAudit"
+EVENT_WRITE_FAILED = "WriteFailed"
 
 
 def now_rfc3339() -> str:

@@ -1,4 +1,5 @@
-"""Every kopf decorator of the operator, in one place; the logic lives in `reconcile`.
+"""Every kopf decorator of the operator, in one place; a pass is `reconcile.run_pass` (gather,
+plan, execute), and the operator's state is one typed object, `memo.state` (`state.py`).
 
 `build_registry()` returns a fresh registry so tests run each operator with its own; the
 `operator` subcommand runs kopf with it. `build_registry(admission=True)` adds the validating
@@ -16,19 +17,22 @@ import os
 import aiohttp
 import kopf
 
+from . import gather, metrics
 from . import policy_webhook as adm
-from ..core import defaults
-from . import metrics
 from . import reconcile as rc
-from .cluster import facts_for_nodes, summarize_node, summarize_pod
-from ..core.audit import audit_runtime_classes
-from .informer import ChildCache, Informer, backoff_s
-from .kube import ApiError, KubeApi, TransientApiError
+from .api_errors import ApiError, Conflict, TransientApiError
+from .cluster import summarize_node, summarize_pod
+from .compare import differences, is_ours
+from .informer import ChildCache, Informer
+from .kinds import policy_key
+from .kube import KubeApi
 from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
-from ..core.model import GROUP, PLURAL, VERSION, PolicyError, parse_policy
-from ..core.podfit import POLICY_LABEL, PodInputError, check_limits, route_patch
-from ..core.sizing import size_policy
+from .plan import Ownership
+from .retry import REFUSED_RETRY_S, RETRY_BASE_S, RETRY_CAP_S, backoff_s
+from .state import OperatorState
 from .workqueue import Retry, WorkQueue
+from ..core.model import GROUP, KIND, PLURAL, VERSION
+from ..core.podfit import POLICY_LABEL, PodInputError, route_patch
 
 log = logging.getLogger("kata_sizing")
 
@@ -38,14 +42,12 @@ RESYNC_INTERVAL_S = float(os.environ.get("KATA_SIZING_RESYNC_SECONDS", "300"))
 # Node guidance is recomputed from the watch-fed indexes at most this often per policy, so
 # a storm of pod events turns into one recompute. Seconds.
 GUIDANCE_INTERVAL_S = float(os.environ.get("KATA_SIZING_GUIDANCE_SECONDS", "10"))
-# Retries of a failed reconcile: capped exponential back-off with jitter, never given up.
-RETRY_BASE_S = 0.2
-RETRY_CAP_S = 30.0
 ANNOTATION_PREFIX = "katasizing.dev"
 FINALIZER = "katasizing.dev/cleanup"
-INFORMER_SYNC_TIMEOUT_S = 20
-# Drift corrections run concurrently for different objects (one policy's are serialized by its lock).
-DRIFT_WORKERS = 4
+INFORMER_SYNC_TIMEOUT_S = gather.INFORMER_SYNC_TIMEOUT_S
+# Passes queued by drift events and by a new leader run concurrently for different policies
+# (one policy's are serialized by its lock).
+QUEUE_WORKERS = 4
 # How long cleanup waits for a pass in progress before closing the client under it.
 SHUTDOWN_GRACE_S = 5
 # Connections kopf may hold to the API server (its own session has no limit). Over TLS each
@@ -109,43 +111,34 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     # kopf checks the stopped timer again: every 60 s by default, so `kubectl delete ksp` could
     # hang for a minute (seen on the real API server). The check is cheap; do it often.
     settings.background.cancellation_polling = 0.5
-    memo.api = await KubeApi.connect()
+    api = await KubeApi.connect()
     options = getattr(memo, "lease", None)
-    memo.leader = None
+    leader = None
     if options is not None:
-        # Two replicas: only the Lease holder's kopf runs handlers and its drift queue writes.
-        memo.api.identify(options.identity)
-        memo.leader = LeaderElector(memo.api, options)
-        gate_kopf(settings, memo.leader)
-    memo.cache = rc.DesiredCache()
-    memo.locks = {}
-    # Per policy: the inputs (informer versions), node facts and audit rows of its last
-    # successful pass; the guidance timer compares against them.
-    memo.last_pass = {}
-    memo.derived = {}  # memoized node facts and audit, shared by every policy
-    memo.tombstones = {}  # the last state of a deleted child, until its deletion is handled
+        # Two replicas: only the Lease holder's kopf runs handlers and its queue runs passes.
+        api.identify(options.identity)
+        leader = LeaderElector(api, options)
+        gate_kopf(settings, leader)
     # Which admission kinds (ValidatingAdmissionPolicy, MutatingAdmissionPolicy and their
     # bindings) this server serves, at which version: only those are written and followed.
-    memo.admission_versions = await _discover_admission(memo.api)
-    memo.children = ChildCache(
-        memo.api, on_change=lambda key, before, after: _child_changed(memo, key, before, after),
-        admission_versions=memo.admission_versions)
-    memo.nodes = Informer(memo.api, "nodes", summarize_node)
-    memo.pods = Informer(memo.api, "pods", summarize_pod)
-    # Also in the memo itself, where the metrics and readiness endpoint looks for informers.
-    memo.runtime_classes, memo.config_maps = memo.children.runtime_classes, memo.children.config_maps
-    for kind, informer in memo.children.admission.items():
-        memo[f"admission_{kind}"] = informer
-    memo.work = WorkQueue(
-        lambda item: _process(memo, item), workers=DRIFT_WORKERS, retry_base_s=RETRY_BASE_S,
-        retry_cap_s=RETRY_CAP_S, name="drift", gate=memo.leader.wait_leading if memo.leader else None,
+    admission_versions = await _discover_admission(api)
+    state = OperatorState(
+        api=api, admission_versions=admission_versions,
+        children=ChildCache(api, on_change=lambda key, before, after: _child_changed(memo.state, key, before, after),
+                            admission_versions=admission_versions),
+        nodes=Informer(api, "Node", summarize_node), pods=Informer(api, "Pod", summarize_pod), leader=leader,
     )
-    install_pod_routing(settings, memo)
-    memo.background = [
-        *([asyncio.create_task(memo.leader.run(), name="leader-election")] if memo.leader else []),
-        asyncio.create_task(memo.nodes.run(), name="nodes-informer"),
-        asyncio.create_task(memo.pods.run(), name="pods-informer"),
-        *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in memo.children.informers()),
+    memo.state = state
+    state.work = WorkQueue(
+        lambda item: _process(state, item), workers=QUEUE_WORKERS, retry_base_s=RETRY_BASE_S,
+        retry_cap_s=RETRY_CAP_S, name="passes", gate=leader.wait_leading if leader else None,
+    )
+    if leader is not None:
+        leader.listen(lambda leading: _leadership_changed(state, leading))
+    install_pod_routing(settings, state)
+    state.background = [
+        *([asyncio.create_task(leader.run(), name="leader-election")] if leader else []),
+        *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in state.informers()),
     ]
 
 
@@ -156,7 +149,7 @@ async def _discover_admission(api: KubeApi) -> dict[str, str]:
         try:
             return await api.served_admission_versions()
         except TransientApiError as exc:
-            delay = _retry_delay_s(failures)
+            delay = backoff_s(failures)
             failures += 1
             log.warning("discovery of the admission kinds failed: %s; retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)
@@ -164,22 +157,21 @@ async def _discover_admission(api: KubeApi) -> dict[str, str]:
 
 async def on_cleanup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     ungate_kopf(settings)
-    tasks = getattr(memo, "background", [])
-    for task in tasks:
+    state: OperatorState | None = getattr(memo, "state", None)
+    if state is None:
+        return
+    for task in state.background:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*state.background, return_exceptions=True)
     # A pass kopf started may still hold its policy's lock: let it finish before the client
     # it uses is closed (closing it under a request gives "connector is None" errors).
-    locks = list(getattr(memo, "locks", {}).values())
     try:
-        await asyncio.wait_for(_all_released(locks), SHUTDOWN_GRACE_S)
+        await asyncio.wait_for(_all_released(list(state.locks.values())), SHUTDOWN_GRACE_S)
     except asyncio.TimeoutError:
         log.warning("closing the API client with a pass still in progress")
-    if getattr(memo, "leader", None) is not None:
-        await memo.leader.release()  # the other replica takes over now, not after the lease expires
-    api = getattr(memo, "api", None)
-    if api is not None:
-        await api.close()
+    if state.leader is not None:
+        await state.leader.release()  # the other replica takes over now, not after the lease expires
+    await state.api.close()
 
 
 async def _all_released(locks: list[asyncio.Lock]) -> None:
@@ -188,279 +180,169 @@ async def _all_released(locks: list[asyncio.Lock]) -> None:
             pass
 
 
-def _retry_delay_s(retry: int) -> float:
-    return backoff_s(retry, RETRY_BASE_S, RETRY_CAP_S)
-
-
-def _lock(memo: kopf.Memo, name: str) -> asyncio.Lock:
-    return memo.locks.setdefault(name, asyncio.Lock())
-
-
-# --- inputs shared by every policy, computed once per change --------------------------------
-
-
-def _inputs(memo: kopf.Memo) -> tuple[int, int, int, int]:
-    """Versions of everything a pass reads besides the policy: nodes, pods, every RuntimeClass
-    (for the audit) and the set of policies (which classes are Kata ones)."""
-    return memo.nodes.version, memo.pods.version, memo.children.runtime_classes.version, memo.cache.version
-
-
-def _memoized(memo: kopf.Memo, key: tuple, compute):
-    found = memo.derived.get(key)
-    if found is None:
-        if len(memo.derived) > 64:
-            memo.derived.clear()
-        found = memo.derived[key] = (compute(),)
-    return found[0]
-
-
-async def _node_facts(body: dict, memo: kopf.Memo) -> tuple | None:
-    """Facts of the policy's nodes from the informers; None until they have synced once."""
-    try:
-        await asyncio.wait_for(
-            asyncio.gather(memo.nodes.synced.wait(), memo.pods.synced.wait()), INFORMER_SYNC_TIMEOUT_S
-        )
-    except asyncio.TimeoutError:
-        return None
-    selector = ((body.get("spec") or {}).get("nodes") or {}).get("selector")
-    if selector is None:
-        selector = dict(defaults.KATA_NODE_LABEL)
-    pods_by_node = _memoized(memo, ("pods-by-node", memo.pods.version), lambda: _pods_by_node(memo))
-    kata_classes = _memoized(memo, ("kata-classes", memo.cache.version), memo.cache.runtime_class_names)
-    return _memoized(
-        memo, ("facts", memo.nodes.version, memo.pods.version, memo.cache.version, tuple(sorted(selector.items()))),
-        lambda: tuple(facts_for_nodes(memo.nodes.items.values(), pods_by_node, selector, kata_classes)),
-    )
-
-
-def _pods_by_node(memo: kopf.Memo) -> dict[str, list]:
-    pods_by_node: dict[str, list] = {}
-    for request in memo.pods.items.values():
-        if request.node is not None:
-            pods_by_node.setdefault(request.node, []).append(request)
-    return pods_by_node
-
-
-def _pods_by_class(memo: kopf.Memo) -> dict[str, list]:
-    """The pods the audit looks at, by runtimeClassName (a routed-by label: by that policy)."""
-    by_class: dict[str, list] = {}
-    for request in memo.pods.items.values():
-        if request.limits is None:
-            continue
-        key = request.runtime_class or f"routed-by:{request.routed_by}"
-        by_class.setdefault(key, []).append(request)
-    return by_class
-
-
-def _sizing(memo: kopf.Memo, body: dict):
-    """The policy's sizing, memoized per generation; None when the policy is invalid."""
-    meta = body.get("metadata") or {}
-    key = ("sizing", meta.get("name"), meta.get("uid"), meta.get("generation"))
-
-    def compute():
-        try:
-            sizing = size_policy(parse_policy(body))
-        except PolicyError:
-            return None
-        return None if sizing.errors else sizing
-
-    return _memoized(memo, key, compute)
-
-
-def _pod_findings(memo: kopf.Memo, body: dict) -> list[dict] | None:
-    """The pod audit of one policy (issue 10, item 4): pods on its classes outside their class's
-    envelope or without a memory limit, and pods it was asked to route that have no class, by
-    the rule of the admission policies (podfit.check_limits). None until the pod cache synced,
-    or for an invalid policy (status keeps the last audit)."""
-    if not memo.pods.synced.is_set():
-        return None
-    sizing = _sizing(memo, body)
-    if sizing is None:
-        return None
-    by_class = _memoized(memo, ("pods-by-class", memo.pods.version), lambda: _pods_by_class(memo))
-    candidates = [p for c in sizing.classes for p in by_class.get(c.runtime_class, ())]
-    candidates += by_class.get(f"routed-by:{sizing.policy.name}", ())
-    findings = []
-    # Most pods share a few shapes of limits: judge each shape once, name only the pods that break a rule.
-    breaks: dict[tuple, bool] = {}
-    for request in candidates:
-        opted_in = request.routed_by == sizing.policy.name
-        shape = (request.runtime_class, request.limits, opted_in)
-        if shape not in breaks:
-            breaks[shape] = bool(check_limits(request.limits, request.runtime_class or "", sizing, opted_in=opted_in))
-        if not breaks[shape]:
-            continue
-        namespace, _, name = request.pod.partition("/")
-        for finding in check_limits(request.limits, request.runtime_class or "", sizing, namespace, name,
-                                    opted_in=opted_in):
-            findings.append({
-                "pod": request.pod, "runtimeClass": finding.runtime_class, "class": finding.class_name or "none",
-                "rule": finding.rule, "action": finding.action, "message": finding.message,
-            })
-    return findings
-
-
-def _audit(memo: kopf.Memo) -> list | None:
-    if not memo.children.runtime_classes.synced.is_set():
-        return None
-    return _memoized(
-        memo, ("audit", memo.children.runtime_classes.version, memo.cache.version),
-        lambda: audit_runtime_classes(list(memo.children.all_runtime_classes()), memo.cache.runtime_class_names()),
-    )
-
-
 # --- one pass for one policy ----------------------------------------------------------------
 
 
-async def _pass(memo: kopf.Memo, body: dict, trigger: rc.Trigger, facts: tuple | None = None) -> None:
-    """Reconcile one policy; API errors propagate (the callers decide how to retry)."""
+async def _pass(state: OperatorState, body: dict, trigger: str, facts: tuple | None = None,
+                queued: bool = False) -> None:
+    """Reconcile one policy; API errors propagate (the callers decide how to retry). A `queued`
+    pass (a drift event's, a new leader's) runs on the latest body known once it holds the
+    policy's lock, and not at all for a policy deleted meanwhile."""
     name = body["metadata"]["name"]
-    _start_drift_queue(memo)
+    _start_queue(state)
     try:
-        await asyncio.wait_for(memo.children.wait_synced(), INFORMER_SYNC_TIMEOUT_S)
+        await asyncio.wait_for(state.children.wait_synced(), INFORMER_SYNC_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise TransientApiError(None, "the RuntimeClass and ConfigMap caches have not synced yet") from None
-    async with _lock(memo, name):
-        inputs = _inputs(memo)
+    async with state.lock(name):
+        if queued:
+            body = state.policies.get(name)
+            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+                return
+        inputs = gather.inputs(state)
         if facts is None:
-            facts = await _node_facts(body, memo)
-        findings = _audit(memo)
-        pod_findings = _pod_findings(memo, body)
+            facts = await gather.node_facts(state, body)
+        findings = gather.unmanaged_audit(state)
+        pods = gather.pod_findings(state, body)
         with metrics.reconcile_pass(name, trigger) as current:
-            current.done(await rc.reconcile(
-                memo.api, body, trigger, memo.cache, _event_sink, nodes=list(facts) if facts is not None else None,
-                audit_findings=findings, children=memo.children, admission_versions=memo.admission_versions,
-                pod_findings=pod_findings, webhook_serving=memo.webhook_serving,
-            ))
+            current.done(await rc.run_pass(
+                state, body, trigger, _event_sink, facts=facts, findings=findings, pods=pods,
+                landed=current.writes))
         # Only after success: a failed pass is retried, not taken as done.
-        memo.last_pass[name] = (inputs, facts, findings, pod_findings)
+        state.last_pass[name] = (inputs, facts, findings, pods)
 
 
-async def _reconcile(memo: kopf.Memo, body: kopf.Body, trigger: rc.Trigger, retry: int, facts: tuple | None = None) -> None:
+async def _reconcile(state: OperatorState, body: kopf.Body, trigger: str, retry: int,
+                     facts: tuple | None = None) -> None:
     try:
-        await _pass(memo, _plain(body), trigger, facts)
-    except (TransientApiError, rc.Conflict) as exc:
-        delay = _retry_delay_s(retry)
+        await _pass(state, _plain(body), trigger, facts)
+    except rc.RetryLater as exc:
+        # The status says what is wrong; the queue runs the pass again with a growing back-off
+        # (one retry loop per policy, whoever started the pass).
+        log.info("policy %s: %s; queued to run again", body["metadata"]["name"], exc)
+        state.enqueue_pass(body["metadata"]["name"], "retry")
+    except (TransientApiError, Conflict) as exc:
+        delay = backoff_s(retry)
         raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
     except ApiError as exc:
         # 4xx other than 409 (a refused object, a lost permission): retrying soon won't help.
-        raise kopf.TemporaryError(f"{exc}; retrying in 60s", delay=60) from None
+        raise kopf.TemporaryError(f"{exc}; retrying in {REFUSED_RETRY_S:.0f}s", delay=REFUSED_RETRY_S) from None
 
 
 async def apply_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
-    await _reconcile(memo, body, "apply", retry)
+    await _reconcile(memo.state, body, "apply", retry)
 
 
 async def resume_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
-    await _reconcile(memo, body, "resync", retry)
+    await _reconcile(memo.state, body, "resync", retry)
 
 
 async def resync_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
     """A failure is retried by kopf after the back-off (TemporaryError), not at the next interval."""
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
-    await _reconcile(memo, body, "resync", retry)
+    await _reconcile(memo.state, body, "resync", retry)
 
 
 async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
     """Debounced: at most once per interval, and only when this policy's node facts, the
-    audit of unmanaged RuntimeClasses or the audit of its pods changed. A change to some other policy's RuntimeClass
-    changes neither, so it does not make every policy reconcile."""
+    audit of unmanaged RuntimeClasses or the audit of its pods changed. A change to some other
+    policy's RuntimeClass changes neither, so it does not make every policy reconcile."""
+    state: OperatorState = memo.state
     name = body["metadata"]["name"]
-    if body.get("metadata", {}).get("deletionTimestamp") or name not in memo.last_pass:
+    if body.get("metadata", {}).get("deletionTimestamp") or name not in state.last_pass:
         return
-    inputs, facts, findings, pod_findings = memo.last_pass[name]
-    if inputs == _inputs(memo):
+    inputs, facts, findings, pods = state.last_pass[name]
+    now_inputs = gather.inputs(state)
+    if inputs == now_inputs:
         return
-    now_inputs = _inputs(memo)
     plain = _plain(body)
-    fresh = await _node_facts(plain, memo)
-    fresh_findings = _audit(memo)
-    fresh_pod_findings = _pod_findings(memo, plain)
-    if fresh == facts and fresh_findings == findings and fresh_pod_findings == pod_findings:
-        memo.last_pass[name] = (now_inputs, facts, findings, pod_findings)
+    fresh = await gather.node_facts(state, plain)
+    fresh_findings = gather.unmanaged_audit(state)
+    fresh_pods = gather.pod_findings(state, plain)
+    if fresh == facts and fresh_findings == findings and fresh_pods == pods:
+        state.last_pass[name] = (now_inputs, facts, findings, pods)
         return
-    await _reconcile(memo, body, "resync", retry, facts=fresh)
+    await _reconcile(state, body, "resync", retry, facts=fresh)
 
 
 async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
+    state: OperatorState = memo.state
     name = body["metadata"]["name"]
-    async with _lock(memo, name):
+    async with state.lock(name):
         try:
-            removed = await rc.delete_children(memo.api, _plain(body), memo.cache, memo.children)
+            removed = await rc.delete_children(state, _plain(body))
         except ApiError as exc:
-            delay = _retry_delay_s(retry)
+            delay = backoff_s(retry)
             raise kopf.TemporaryError(f"{exc}; retrying in {delay:.1f}s", delay=delay) from None
-    memo.locks.pop(name, None)
-    memo.last_pass.pop(name, None)
     metrics.forget_policy(name)
     if removed:
         log.info("policy %s deleted; removed %s", name, ", ".join(removed))
 
 
-# --- drift: the child caches feed a work queue ----------------------------------------------
+# --- the queue: passes for drift events and for a new leader ----------------------------------
 
 
-def _start_drift_queue(memo: kopf.Memo) -> None:
+def _start_queue(state: OperatorState) -> None:
     """Started from the first pass, inside a kopf handler: the queue's tasks inherit the context
     kopf.event() posts through. Before any pass there is no desired state to correct towards."""
-    if not any(t.get_name() == "drift-queue" for t in memo.background):
-        memo.background.append(asyncio.create_task(memo.work.run(), name="drift-queue"))
+    if state.work is not None and not any(t.get_name() == "pass-queue" for t in state.background):
+        state.background.append(asyncio.create_task(state.work.run(), name="pass-queue"))
 
 
-def _child_changed(memo: kopf.Memo, key: rc.ObjKey, before: dict | None, after: dict | None) -> None:
-    if after is None and before is not None:
-        memo.tombstones[key] = before
-    elif after is not None:
-        memo.tombstones.pop(key, None)
-    if memo.cache.for_child(key, after or before) is not None:
-        memo.work.add(("child", key))
-
-
-async def _process(memo: kopf.Memo, item: tuple) -> None:
-    kind, key = item
-    try:
-        if kind == "child":
-            await _correct_child(memo, key)
-        else:
-            body = await memo.api.read_policy(key)
-            if body is not None and not body["metadata"].get("deletionTimestamp"):
-                await _pass(memo, body, "resync")
-    except (TransientApiError, rc.Conflict) as exc:
-        raise Retry(str(exc)) from None
-    except ApiError as exc:
-        log.error("%s %s not handled: %s; the next resync retries", kind, key, exc)
-
-
-async def _correct_child(memo: kopf.Memo, key: rc.ObjKey) -> None:
-    """A managed RuntimeClass or ConfigMap changed or vanished: put it back or report it,
-    judged on its current state in the cache (level-triggered)."""
-    obj, event_type = memo.children.get(key), "MODIFIED"
-    if obj is None:
-        obj, event_type = memo.tombstones.get(key), "DELETED"
-        if obj is None:
-            return
-    desired = memo.cache.for_child(key, obj)
+def _child_changed(state: OperatorState, key, before: dict | None, after: dict | None) -> None:
+    """A managed object changed or vanished (or somebody else's with one of our names): its
+    policy's pass decides what to do, as every pass does. Not for an object that is now as the
+    policy wants it when its last pass had nothing to say about it (the echo of a write)."""
+    desired = state.desired.for_child(key, after or before)
     if desired is None:
         return
-    if desired.needs_pass(key):
-        # Somebody else's object that held our name is gone (a pass creates ours now), or the
-        # chart created a RuntimeClass the status reports missing.
-        memo.tombstones.pop(key, None)
-        memo.work.add(("policy", desired.policy_name))
+    if after is not None and key not in state.attention.get(desired.policy_name, ()):
+        found = desired.lookup(key)
+        if found is not None and is_ours(after, desired.policy_name, desired.policy_uid) and not differences(
+                found[0], after, found[1] is Ownership.GUARDED):
+            return
+    state.enqueue_pass(desired.policy_name, "drift")
+
+
+async def _leadership_changed(state: OperatorState, leading: bool) -> None:
+    if leading:
+        # kopf resumes only policies it has not seen in this process: a replica that leads again
+        # would otherwise wait for the next resync to say what changed while the other one led.
+        if state.work is not None:
+            state.work.add(("leader",))
         return
+    # Not the leader: it exports no policy gauges (the alerts sum them over replicas) and
+    # forgets what it said, which the leader says from now on.
+    metrics.forget_all_policies()
+    state.forget_leadership()
 
-    async def count(policy: str, field_name: str) -> None:
-        metrics.drift(key[0], corrected=field_name == "driftCorrections")
-        await rc.increment_counter(memo.api, policy, field_name)
 
-    async with _lock(memo, desired.policy_name):
-        message = await rc.handle_child_event(
-            memo.api, memo.cache, event_type, copy.deepcopy(obj), _event_sink, count, memo.children)
-    if event_type == "DELETED":
-        memo.tombstones.pop(key, None)
-    if message:
-        log.info("%s", message)
+async def _process(state: OperatorState, item: tuple) -> None:
+    if item[0] == "leader":
+        try:
+            policies = await state.api.list(KIND)
+        except (TransientApiError, Conflict) as exc:
+            raise Retry(str(exc)) from None
+        for body in policies:
+            if not (body.get("metadata") or {}).get("deletionTimestamp"):
+                rc.remember_body(state, body)
+                state.enqueue_pass(body["metadata"]["name"], "leader")
+        return
+    name = item[1]
+    trigger = state.queued.pop(name, "retry")
+    try:
+        if name not in state.policies:
+            body = await state.api.read(policy_key(name))
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            rc.remember_body(state, body)
+        await _pass(state, state.policies[name], trigger, queued=True)
+    except (TransientApiError, Conflict, rc.RetryLater) as exc:
+        state.queued.setdefault(name, "retry")
+        raise Retry(str(exc)) from None
+    except ApiError as exc:
+        log.error("policy %s not passed: %s; the next resync retries", name, exc)
 
 
 async def validate_policy(
@@ -488,7 +370,7 @@ def routes_through_webhook(routing: str, admission_versions: dict[str, str]) -> 
     return routing == "Auto" and "MutatingAdmissionPolicy" not in admission_versions
 
 
-async def route_pod(memo: kopf.Memo, review: dict) -> dict:
+async def route_pod(state: OperatorState, review: dict) -> dict:
     """The mutating webhook (failurePolicy Ignore): a pod labelled katasizing.dev/policy=<name>
     (or in a namespace so labelled) without a runtimeClassName gets the smallest class of that
     policy that covers its limits (podfit.route_patch, the rule the MutatingAdmissionPolicy
@@ -502,12 +384,12 @@ async def route_pod(memo: kopf.Memo, review: dict) -> dict:
         name = ((pod.get("metadata") or {}).get("labels") or {}).get(POLICY_LABEL)
         namespace_labels = None
         if not name:
-            namespace_obj = await memo.api.read_namespace(namespace)
+            namespace_obj = await state.api.read(("Namespace", None, namespace))
             namespace_labels = ((namespace_obj or {}).get("metadata") or {}).get("labels") or {}
             name = namespace_labels.get(POLICY_LABEL)
-        body = await memo.api.read_policy(name) if name else None
-        sizing = _sizing(memo, body) if body is not None else None
-        if sizing is None or not routes_through_webhook(sizing.policy.spec.admission.routing, memo.admission_versions):
+        body = await state.api.read(policy_key(name)) if name else None
+        sizing = gather.policy_sizing(state, body) if body is not None else None
+        if sizing is None or not routes_through_webhook(sizing.policy.spec.admission.routing, state.admission_versions):
             return adm.review_response(review, allowed=True)
         patch = route_patch(pod, sizing, namespace_labels)
     except (ApiError, PodInputError) as exc:
@@ -517,11 +399,11 @@ async def route_pod(memo: kopf.Memo, review: dict) -> dict:
     return adm.review_response(review, allowed=True, patch=patch)
 
 
-def install_pod_routing(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
+def install_pod_routing(settings: kopf.OperatorSettings, state: OperatorState) -> None:
     routes = getattr(settings.admission.server, "routes", None)
-    memo.webhook_serving = routes is not None
+    state.webhook_serving = routes is not None
     if routes is not None:
-        routes[adm.ROUTE_POD_PATH_ID] = lambda review: route_pod(memo, review)
+        routes[adm.ROUTE_POD_PATH_ID] = lambda review: route_pod(state, review)
 
 
 def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
@@ -545,9 +427,10 @@ def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
         initial_delay=GUIDANCE_INTERVAL_S,
     )(refresh_guidance)
     kopf.on.delete(*policies, registry=registry, id="cleanup")(delete_policy)
-    # Drift is not watched through kopf: the operator's own caches of RuntimeClasses and
-    # managed ConfigMaps feed a work queue (see on_startup), so the same watch serves both
-    # the reconcile's reads and drift, and a failed correction is retried until it succeeds.
+    # Drift is not watched through kopf: the operator's own caches of RuntimeClasses, managed
+    # ConfigMaps and admission objects queue a pass of the policy concerned (see on_startup), so
+    # the same watch serves both the reconcile's reads and drift, and a failed pass is retried
+    # until it succeeds.
     if admission:
         # Only with a webhook server: kopf refuses to start with admission handlers and no
         # server configured.

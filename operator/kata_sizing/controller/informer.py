@@ -19,7 +19,9 @@ import os
 import random
 from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
-from .kube import ApiError
+from .api_errors import ApiError
+from .kinds import ADMISSION_GROUP, KINDS, ObjKey
+from .retry import WATCH_RETRY_BASE_S, WATCH_RETRY_CAP_S, backoff_s
 from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 
 log = logging.getLogger("kata_sizing.informer")
@@ -28,20 +30,10 @@ T = TypeVar("T")
 # Each watch asks the server to end it after between this and twice this many seconds, as
 # client-go's reflector does (5 to 10 minutes), so reconnects of many clients spread out.
 WATCH_TIMEOUT_S = int(os.environ.get("KATA_SIZING_WATCH_TIMEOUT_SECONDS", "300"))
-BACKOFF_BASE_S = 0.1
-BACKOFF_CAP_S = 10.0
 # Objects per list page: 500 is what client-go's reflector asks for (its pager's default).
 PAGE_SIZE = 500
 
-ObjKey = tuple[str, str | None, str]  # (kind, namespace, name), as reconcile.ObjKey
 ChangeCallback = Callable[[Hashable, "T | None", "T | None"], None]
-
-
-def backoff_s(failures: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
-    """Capped exponential back-off with jitter in [d/2, d]: retries of many callers spread out
-    instead of arriving together at a server that is just recovering."""
-    delay = min(cap_s, base_s * (2 ** min(failures, 30)))
-    return random.uniform(delay / 2, delay)
 
 
 def uid_key(obj: dict) -> Hashable:
@@ -50,17 +42,19 @@ def uid_key(obj: dict) -> Hashable:
 
 
 class Informer(Generic[T]):
-    """`items` maps key(obj) to summarize(obj) for every object the collection holds (a
-    summary of None leaves the object out). `on_change(key, before, after)` is called for
-    every change after the first sync, and for every difference a re-list finds."""
+    """`items` maps key(obj) to summarize(obj) for every object of `kind` (a summary of None
+    leaves the object out). `on_change(key, before, after)` is called for every change after the
+    first sync, and for every difference a re-list finds. `collection` names it in metrics and
+    logs (the kind's plural by default)."""
 
     def __init__(
-        self, api, collection: str, summarize: Callable[[dict], T | None], *,
+        self, api, kind: str, summarize: Callable[[dict], T | None], *,
         key: Callable[[dict], Hashable] = uid_key, label_selector: str | None = None,
-        on_change: ChangeCallback | None = None, page_size: int = PAGE_SIZE,
+        on_change: ChangeCallback | None = None, page_size: int = PAGE_SIZE, collection: str | None = None,
     ):
         self.api = api
-        self.collection = collection
+        self.kind = kind
+        self.collection = collection or KINDS[kind].plural
         self.summarize = summarize
         self.key = key
         self.label_selector = label_selector
@@ -108,7 +102,7 @@ class Informer(Generic[T]):
         continue_token = None
         while True:
             page, list_version, continue_token = await self.api.list_page(
-                self.collection, limit=self.page_size, continue_token=continue_token,
+                self.kind, limit=self.page_size, continue_token=continue_token,
                 label_selector=self.label_selector,
             )
             for obj in page:
@@ -138,7 +132,7 @@ class Informer(Generic[T]):
                     need_list = False
                 timeout_s = random.randint(WATCH_TIMEOUT_S, 2 * WATCH_TIMEOUT_S)
                 async for event in self.api.watch_raw(
-                    self.collection, self.resource_version, timeout_s, label_selector=self.label_selector,
+                    self.kind, self.resource_version, timeout_s, label_selector=self.label_selector,
                 ):
                     event_type, obj = event.get("type"), event.get("object") or {}
                     if event_type == "ERROR":
@@ -159,7 +153,7 @@ class Informer(Generic[T]):
                 elif not isinstance(exc, ApiError):
                     need_list = True
                     log.exception("%s informer failed unexpectedly", self.collection)
-                delay = backoff_s(failures)
+                delay = backoff_s(failures, WATCH_RETRY_BASE_S, WATCH_RETRY_CAP_S)
                 failures += 1
                 log.warning("%s informer: %s; retrying in %.2fs", self.collection, exc, delay)
                 await asyncio.sleep(delay)
@@ -196,22 +190,20 @@ class ChildCache:
 
     def __init__(self, api, on_change: Callable[[ObjKey, dict | None, dict | None], None] | None = None,
                  admission_versions: dict[str, str] | None = None):
-        from .kube import ADMISSION_GROUP, ADMISSION_PLURALS
-
         self._on_change = on_change
         managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
         self.runtime_classes = Informer(
-            api, "runtimeclasses", slim_child("RuntimeClass"), key=name_key, on_change=self._changed("RuntimeClass"))
+            api, "RuntimeClass", slim_child("RuntimeClass"), key=name_key, on_change=self._changed("RuntimeClass"))
         self.config_maps = Informer(
-            api, "configmaps", slim_child("ConfigMap"), key=name_key,
+            api, "ConfigMap", slim_child("ConfigMap"), key=name_key,
             label_selector=managed, on_change=self._changed("ConfigMap"))
         self.admission_versions = dict(admission_versions or {})
         # Every admission object, not only ours (a cluster holds few): a name missing from the
         # cache is then free, as for RuntimeClasses, and creating a policy's six costs no read.
         self.admission = {
             kind: Informer(
-                api, f"{ADMISSION_GROUP}/{version}/{ADMISSION_PLURALS[kind]}", slim_child(kind), key=name_key,
-                on_change=self._changed(kind))
+                api, kind, slim_child(kind), key=name_key, on_change=self._changed(kind),
+                collection=f"{ADMISSION_GROUP}/{version}/{KINDS[kind].plural}")
             for kind, version in sorted(self.admission_versions.items())
         }
         self._by_kind: dict[str, Informer] = {

@@ -12,7 +12,8 @@ still serves the admission webhook, which writes nothing).
   uses (`operator_paused`): no policy watch, no handler, no timer; the operator's drift queue
   waits as well. Its caches keep following the cluster, so a takeover starts warm.
 
-Defaults are client-go's and controller-runtime's: 15 s lease, 10 s renew deadline, 2 s retry.
+Defaults are client-go's and controller-runtime's: 15 s lease, 10 s renew deadline, 2 s retry
+(`retry.py`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
-from .kube import ApiError, Conflict
+from .api_errors import ApiError, Conflict
+from .retry import LEASE_DURATION_S, LEASE_RETRY_PERIOD_S, RENEW_DEADLINE_S
 
 log = logging.getLogger("kata_sizing.leader")
 
 LEASE_NAME = "kata-sizing"
-LEASE_DURATION_S = 15.0
-RENEW_DEADLINE_S = 10.0
-RETRY_PERIOD_S = 2.0
 
 
 def default_identity() -> str:
@@ -51,7 +50,7 @@ class LeaseOptions:
     name: str = LEASE_NAME
     lease_duration_s: float = LEASE_DURATION_S
     renew_deadline_s: float = RENEW_DEADLINE_S
-    retry_period_s: float = RETRY_PERIOD_S
+    retry_period_s: float = LEASE_RETRY_PERIOD_S
 
     def __post_init__(self) -> None:
         if not (0 < self.retry_period_s < self.renew_deadline_s < self.lease_duration_s):
@@ -128,7 +127,7 @@ class LeaderElector:
         """True: we hold the Lease now. False: somebody else does."""
         o = self.options
         now = datetime.now(timezone.utc)
-        lease = await self.api.read_lease(o.namespace, o.name)
+        lease = await self.api.read(("Lease", o.namespace, o.name))
         if lease is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -137,7 +136,7 @@ class LeaderElector:
                          "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0},
             }
             try:
-                await self.api.create_lease(body)
+                await self.api.create(body)
             except Conflict:
                 return False
             return True
@@ -154,7 +153,7 @@ class LeaderElector:
         if holder != o.identity:
             spec.update(acquireTime=_micro_time(now), leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1)
         try:
-            written = await self.api.replace_lease({**lease, "spec": spec})
+            written = await self.api.replace({**lease, "spec": spec})
         except Conflict:
             return False
         written_spec = written.get("spec") or {}
@@ -169,12 +168,12 @@ class LeaderElector:
             return
         o = self.options
         try:
-            lease = await self.api.read_lease(o.namespace, o.name)
+            lease = await self.api.read(("Lease", o.namespace, o.name))
             spec = dict((lease or {}).get("spec") or {})
             if lease is not None and spec.get("holderIdentity") == o.identity:
                 spec.update(holderIdentity=None, leaseDurationSeconds=1,
                             renewTime=_micro_time(datetime.now(timezone.utc)))
-                await self.api.replace_lease({**lease, "spec": spec})
+                await self.api.replace({**lease, "spec": spec})
                 log.info("%s released Lease %s/%s", o.identity, o.namespace, o.name)
         except (ApiError, asyncio.TimeoutError) as exc:
             log.warning("could not release Lease %s/%s (%s); it expires in %ss", o.namespace, o.name, exc,

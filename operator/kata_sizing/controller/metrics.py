@@ -11,7 +11,8 @@ logic stays free of instrumentation. The metrics are kept in a registry of their
     kata_sizing_drift_detected_total{kind}              hand edits found by the drift watch
     kata_sizing_drift_corrected_total{kind}             ... of them put back (driftPolicy Correct)
     kata_sizing_api_errors_total{status}                404, 409, 422, 500..., "none" (no answer)
-    kata_sizing_policies{condition, status}             policies per condition type and status
+    kata_sizing_policies{condition, status}             policies per condition type and status (the
+                                                        leader's only: a replica that does not lead has none)
     kata_sizing_webhook_admissions_total{result}        allowed | warned | denied
     kata_sizing_informer_objects{collection}            objects held by the list+watch caches
 
@@ -117,7 +118,8 @@ REGISTRY.register(STATE)
 
 @dataclass
 class Pass:
-    """What one reconcile pass did; `reconcile_pass` fills in the rest."""
+    """What one reconcile pass did; `reconcile_pass` fills in the rest. The executor appends to
+    `writes` as each write lands, so a pass that fails still counts the writes it made."""
 
     policy: str
     trigger: str
@@ -125,14 +127,8 @@ class Pass:
     writes: list[str] = field(default_factory=list)
 
     def done(self, outcome: Any) -> None:
-        """Record a finished pass from reconcile's PassResult."""
-        self.writes = list(getattr(outcome, "writes", []) or [])
-        if getattr(outcome, "invalid", None):
-            self.result = RESULT_INVALID
-        elif getattr(outcome, "conflicts", None):
-            self.result = RESULT_CONFLICT
-        else:
-            self.result = RESULT_OK
+        """Record a finished pass from its conclusion (reconcile.run_pass)."""
+        self.result = {"invalid": RESULT_INVALID, "conflict": RESULT_CONFLICT}.get(outcome.result, RESULT_OK)
 
 
 @contextlib.contextmanager
@@ -181,6 +177,11 @@ def policy_status(policy: str, status: Mapping[str, Any]) -> None:
 
 def forget_policy(policy: str) -> None:
     STATE.conditions.pop(policy, None)
+
+
+def forget_all_policies() -> None:
+    """This replica stopped leading: the leader exports the policy gauges now."""
+    STATE.conditions.clear()
 
 
 def track_informers(informers: list[Any]) -> None:

@@ -129,10 +129,9 @@ def install_metrics(registry: kopf.OperatorRegistry, options: MetricsOptions,
     (registered later), so the informers it reports on exist; ready once they have synced and
     the webhook server (when there is one) listens."""
     from . import metrics
-    from .informer import Informer
 
     async def start(memo: kopf.Memo, **_) -> None:
-        informers = [value for value in memo.values() if isinstance(value, Informer)]
+        informers = memo.state.informers()
         metrics.track_informers(informers)
         memo.metrics_runner, memo.metrics_port = await metrics.serve(
             options.addr, options.port,

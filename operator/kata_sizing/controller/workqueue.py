@@ -14,14 +14,11 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
-from .informer import backoff_s
+from .retry import RETRY_BASE_S, RETRY_CAP_S, backoff_s
 
 log = logging.getLogger("kata_sizing.workqueue")
 
 K = TypeVar("K", bound=Hashable)
-
-RETRY_BASE_S = 0.2
-RETRY_CAP_S = 30.0
 
 
 class Retry(Exception):

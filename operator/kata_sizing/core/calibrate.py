@@ -34,7 +34,6 @@ __all__ = [
     "Fit",
     "Sample",
     "fit_overhead",
-    "guest_budget_mib",
     "parse_samples_csv",
 ]
 
@@ -410,35 +409,3 @@ def _describe(edge: tuple[Point, Point], samples: Sequence[Sample]) -> str:
         return f"{at}(vm_nominal_mib {row.vm_nominal_mib}, unusable {_decimal(row.unusable_mib)})"
 
     return f"{where(edge[0])} and {where(edge[1])}"
-
-
-def guest_budget_mib(
-    base_mib: int | Decimal,
-    ratio: Decimal,
-    largest_limit_mib: int | Decimal,
-    margin: Decimal,
-) -> int:
-    """The guest budget G for pods with memory limits up to L, in even MiB.
-
-    In a VM of L + G the guest loses base + ratio * (L + G); L stays usable when
-    G >= (base + ratio * L) / (1 - ratio). The margin multiplies that, and the result is
-    rounded up to an even MiB because the runtime aligns VM memory to 2 MiB.
-    """
-    values = {
-        "base_mib": base_mib,
-        "ratio": ratio,
-        "largest_limit_mib": largest_limit_mib,
-        "margin": margin,
-    }
-    for name, value in values.items():
-        # A float here would make the budget depend on binary rounding of e.g. 0.14.
-        if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
-            raise TypeError(f"{name} must be an int or Decimal, not {value!r}")
-        if value < 0:
-            raise ValueError(f"{name} {value} is negative")
-    exact_ratio = Fraction(ratio)
-    if exact_ratio >= MAX_RATIO:
-        raise ValueError(f"ratio {ratio} is not below {_decimal(MAX_RATIO)}")
-    needed = (Fraction(base_mib) + exact_ratio * Fraction(largest_limit_mib)) / (1 - exact_ratio)
-    with_margin = needed * (1 + Fraction(margin))
-    return 2 * math.ceil(with_margin / 2)

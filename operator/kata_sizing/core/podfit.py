@@ -8,7 +8,7 @@ so that they cannot drift apart:
 
 - in Python (`pod_limits`, `check_pod`, `route`), for `kata-sizing explain --pod`,
   `kata-sizing audit --pods`, the operator's audit of running pods and its webhook fallback;
-- as CEL for the API server (`admission_objects`): a ValidatingAdmissionPolicy per rule (a
+- as CEL for the API server (`admission_specs`): a ValidatingAdmissionPolicy per rule (a
   binding's validationActions apply to every validation of its policy, and each rule has its
   own action) and a MutatingAdmissionPolicy for the routing. tests/test_podfit.py runs a
   table of pods through both, the CEL on the real API server.
@@ -33,7 +33,8 @@ Interface (used by the operator, the webhook, the CLI):
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
   applies (only runtimeClassName; see `route_patch`).
-- `admission_objects(sizing) -> list[dict]`: the VAPs, MAP and bindings, labelled, unowned.
+- `admission_specs(sizing) -> [(apiVersion, kind, name, spec)]`: the VAPs, MAP and bindings
+  (render.render_admission makes them objects, with the policy's labels and owner).
 """
 
 from __future__ import annotations
@@ -621,11 +622,26 @@ def _match_condition_without_class() -> dict:
     return {"name": "without-a-runtime-class", "expression": "!has(object.spec.runtimeClassName)"}
 
 
+# Every field the API server would default is written out (admissionregistration/v1
+# defaults.go: a rule's scope "*"; a MatchResources' matchPolicy Equivalent and empty
+# namespaceSelector and objectSelector; a policy's failurePolicy Fail; a MutatingAdmissionPolicy's
+# reinvocationPolicy Never). MatchResources is an atomic struct for server-side apply, so a GitOps
+# tool applying `kata-sizing render`'s output over the operator's objects would otherwise own a
+# different value of the whole field and conflict on .spec.matchConstraints (docs/admission.md).
 _POD_RULES = [
-    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "*"},
     # In-place resize (GA in 1.35) changes limits through this subresource only.
-    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/resize"]},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/resize"],
+     "scope": "*"},
 ]
+
+
+def _match_resources(resource_rules: list[dict] | None = None, namespace_selector: dict | None = None) -> dict:
+    """A MatchResources as the API server stores it (its defaults written out)."""
+    match: dict = {"matchPolicy": "Equivalent", "namespaceSelector": namespace_selector or {}, "objectSelector": {}}
+    if resource_rules is not None:
+        match["resourceRules"] = resource_rules
+    return match
 
 
 def admission_names(policy_name: str) -> dict[str, str]:
@@ -739,7 +755,7 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
     variables = _requote(cel_variables(sizing))
     checks = _requote(validations(sizing))
     selector = _selector_dict(namespace_selector(policy))
-    match_resources = {"matchResources": {"namespaceSelector": selector}} if selector else {}
+    match_resources = {"matchResources": _match_resources(namespace_selector=selector)} if selector else {}
     kata = _requote(_match_condition_kata(sizing))
     without_class = _requote(_match_condition_without_class())
     objects = []
@@ -752,7 +768,7 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
         objects.append((ADMISSION_API_VERSION, "ValidatingAdmissionPolicy", names[key], {
             # A CEL error refuses the pod under Deny and warns under Warn: never a silent pass.
             "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": _POD_RULES},
+            "matchConstraints": _match_resources(_POD_RULES),
             "matchConditions": conditions,
             "variables": variables,
             "validations": checks[key],
@@ -763,7 +779,7 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
     if admission.routing != "Webhook":
         objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicy", names["route"], {
             "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [_POD_RULES[0]]},
+            "matchConstraints": _match_resources([_POD_RULES[0]]),
             "matchConditions": [without_class],
             "variables": variables,
             "mutations": [{
@@ -780,10 +796,3 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
             "policyName": names["route"], **match_resources,
         }))
     return objects
-
-
-def admission_objects(sizing: PolicySizing) -> list[dict]:
-    """The admission objects as `kata-sizing render` prints them and the operator applies them."""
-    from .render import render_admission
-
-    return render_admission(sizing)

@@ -1,26 +1,21 @@
-"""Rendering: sized classes -> the desired Kubernetes objects, through jinja2 templates.
+"""Rendering: sized classes -> the desired Kubernetes objects, built as dicts.
 
-Pure: no client, no I/O beyond reading the templates once. Every template is rendered
-with StrictUndefined, values enter YAML through `tojson` or `yaml_block`, and each
-document is parsed back here, so what leaves this module is plain dicts.
+Pure: no client, no I/O beyond reading the node guidance summary's template. Objects are data
+(pure builders, serialized once by whoever writes them); text is made only where text is the
+product: the TOML drop-in, the kata-deploy values overlay (YAML through the one writer,
+`yamlout`, with the RuntimeClass string inside it), the node guidance documents and their
+summary (a jinja2 template, loaded only when nodes are given).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
-from decimal import Decimal
-from functools import lru_cache
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jinja2
-import yaml
-
+from . import podfit, yamlout
 from .model import API_VERSION, KIND, KataSizingPolicy
 from .quantity import format_cpu, format_mib
 from .sizing import ClassSizing, PolicySizing, Problem, size_policy
@@ -38,9 +33,7 @@ FLUX_WATCH_LABEL = "reconcile.fluxcd.io/watch"
 
 VALUES_KEY = "values.yaml"
 SUMMARY_KEY = "summary.txt"
-
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
+SUMMARY_TEMPLATE = "node-guidance-summary.txt.j2"
 
 REPOSITORY_TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
 
@@ -51,95 +44,19 @@ def templates_dir() -> Path:
     return Path(override) if override else REPOSITORY_TEMPLATES
 
 
-# json.dumps writes a character beyond U+FFFF as a UTF-16 surrogate pair (\ud83d\ude00);
-# YAML reads that as two lone surrogates, so such pairs become YAML's \UXXXXXXXX escape.
-# The lookbehind skips a `\\u` that is an escaped backslash followed by "u".
-_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+_SUMMARY: dict[Path, object] = {}
 
 
-def _json_for_yaml(value: object, **kwargs) -> str:
-    """JSON that YAML parsers read back to the same value."""
+def _summary_template(directory: Path):
+    """The summary's jinja2 template, compiled once per process (only guidance needs jinja2)."""
+    if directory not in _SUMMARY:
+        import jinja2
 
-    def astral(match: re.Match) -> str:
-        code = 0x10000 + ((int(match[2], 16) - 0xD800) << 10) + (int(match[3], 16) - 0xDC00)
-        return f"{match[1]}\\U{code:08x}"
-
-    return _SURROGATE_PAIR.sub(astral, json.dumps(value, **kwargs))
-
-
-def _yaml_block(text: str, indent: int) -> str:
-    """A literal block scalar (`|`) for readable multi-line strings; JSON otherwise."""
-    plain = all(ch in "\n\t" or ch.isprintable() for ch in text)
-    lines = text.split("\n")
-    if (
-        not text.strip()
-        or not plain
-        or text.lstrip("\n")[0] in " \t"
-        or text.endswith("\n\n")
-        or any(line != line.rstrip() for line in lines)
-    ):
-        return _json_for_yaml(text)
-    chomp = "" if text.endswith("\n") else "-"
-    body = lines[:-1] if text.endswith("\n") else lines
-    pad = " " * indent
-    return f"|{chomp}\n" + "\n".join(pad + line if line else "" for line in body)
-
-
-def compiled_module_stem(template: str) -> str:
-    """runtimeclass.yaml.j2 -> runtimeclass_yaml: the template's module in compiled_templates/."""
-    return "".join(ch if ch.isalnum() else "_" for ch in template.removesuffix(".j2"))
-
-
-class _PrecompiledLoader(jinja2.FileSystemLoader):
-    """The template files, run from the code shipped for them in compiled_templates/
-    (`make templates`) when a file's text and the jinja2 version are the ones that code was
-    generated from; any other template is compiled from its file, as FileSystemLoader does."""
-
-    def load(self, environment: jinja2.Environment, name: str, globals=None) -> jinja2.Template:
-        from . import compiled_templates
-
-        source, filename, uptodate = self.get_source(environment, name)
-        digest = compiled_templates.SOURCE_SHA256.get(name)
-        if (digest is None or compiled_templates.JINJA2_VERSION != jinja2.__version__
-                or hashlib.sha256(source.encode("utf-8")).hexdigest() != digest):
-            return super().load(environment, name, globals)
-        stem = compiled_module_stem(name)
-        module = f"{compiled_templates.__name__}.{stem}"
-        path = os.path.join(os.path.dirname(compiled_templates.__file__), f"{stem}.py")
-        # The module's code object (from its .pyc), run by jinja2 the way it runs code it has
-        # just compiled; the module is never imported (its code expects jinja2's namespace).
-        code = SourceFileLoader(module, path).get_code(module)
-        template = environment.template_class.from_code(
-            environment, code, environment.make_globals(globals), uptodate)
-        template.filename = filename
-        return template
-
-
-def jinja_environment(loader: jinja2.BaseLoader) -> jinja2.Environment:
-    """The environment every template renders in (and templategen compiles with)."""
-    env = jinja2.Environment(
-        loader=loader,
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-    )
-    env.filters["yaml_block"] = _yaml_block
-    env.policies["json.dumps_kwargs"] = {"sort_keys": False}
-    env.policies["json.dumps_function"] = _json_for_yaml
-    return env
-
-
-@lru_cache(maxsize=4)
-def _environment(directory: str) -> jinja2.Environment:
-    return jinja_environment(_PrecompiledLoader(directory))
-
-
-def _render(template: str, **context) -> str:
-    return _environment(str(templates_dir())).get_template(template).render(**context)
-
-
-def _load(text: str) -> dict:
-    return yaml.load(text, Loader=_SafeLoader)
+        environment = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(directory)), undefined=jinja2.StrictUndefined,
+            autoescape=False, keep_trailing_newline=True)
+        _SUMMARY[directory] = environment.get_template(SUMMARY_TEMPLATE)
+    return _SUMMARY[directory]
 
 
 @dataclass
@@ -149,6 +66,8 @@ class Rendered:
     configmaps: list[dict]
     drop_ins: dict[str, str]
     values_yaml: str
+    # The same overlay as data (values_yaml is it written out, with its comments).
+    values: dict = field(default_factory=dict)
     guidance: list[NodeGroupGuidance] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     # ValidatingAdmissionPolicies, the MutatingAdmissionPolicy and their bindings (podfit.py).
@@ -181,42 +100,81 @@ def policy_labels(policy: KataSizingPolicy) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: policy.name}
 
 
-def render_runtime_class(policy: KataSizingPolicy, sized: ClassSizing, owned: bool = True) -> str:
+def runtime_class(policy: KataSizingPolicy, sized: ClassSizing, owned: bool = True) -> dict:
+    """A class's RuntimeClass; `owned=False` leaves out the ownerReference (the chart's copy)."""
     spec = policy.spec.runtime_class
-    return _render(
-        "runtimeclass.yaml.j2",
-        rc={"name": sized.runtime_class, "pod_fixed": sized.pod_fixed},
-        labels={**policy_labels(policy), CLASS_LABEL: sized.name},
-        annotations={},
-        owner_references=owner_reference(policy) if owned else [],
-        node_selector=dict(spec.node_selector),
-        tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations],
-    )
+    metadata: dict = {"name": sized.runtime_class, "labels": {**policy_labels(policy), CLASS_LABEL: sized.name}}
+    owners = owner_reference(policy) if owned else []
+    if owners:
+        metadata["ownerReferences"] = owners
+    scheduling: dict = {"nodeSelector": dict(spec.node_selector)}
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if tolerations:
+        scheduling["tolerations"] = tolerations
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": metadata,
+        "handler": sized.runtime_class,
+        "overhead": {"podFixed": {"cpu": sized.pod_fixed["cpu"], "memory": sized.pod_fixed["memory"]}},
+        "scheduling": scheduling,
+    }
 
 
 def render_drop_in(sizing: PolicySizing, sized: ClassSizing) -> str:
-    return _render(
-        "dropin.toml.j2",
-        policy=sizing.policy.name,
-        c=sized,
-        envelope_cpu=format_cpu(sized.envelope_cpu),
-        envelope_memory=format_mib(sized.envelope_memory_mib),
-        runtime=sizing.runtime.value,
-        settings=sized.kata.to_toml(),
-    )
+    """The class's TOML drop-in: a header saying what it sizes, then the settings as written by
+    rules.KataConfig.to_toml (the code that reads drop-ins writes them)."""
+    pod_fixed = sized.pod_fixed
+    header = [
+        f"# Rendered by kata-sizing from KataSizingPolicy {json.dumps(sizing.policy.name)}, "
+        f"class {json.dumps(sized.name)}:",
+        f"# pods with limits up to {format_cpu(sized.envelope_cpu)} CPU and "
+        f"{format_mib(sized.envelope_memory_mib)} memory.",
+        f"# RuntimeClass {sized.runtime_class} accounts podFixed cpu {pod_fixed['cpu']}, "
+        f"memory {pod_fixed['memory']}.",
+        "# runtime-rs static sizing: VM = limits + overhead_*; pods without limits boot default_*."
+        if sizing.runtime.value == "Rust" else
+        "# Go runtime: VM = default_memory + limits; default_memory is the guest budget.",
+    ]
+    return "\n".join(header) + "\n\n" + sized.kata.to_toml()
+
+
+def values_overlay(policy: KataSizingPolicy, sizing: PolicySizing, drop_ins: dict[str, str]) -> dict:
+    """The kata-deploy values overlay: one custom runtime per class. The chart takes each
+    runtime's containerd handler from the `handler:` line of its runtimeClass string, as text,
+    and creates that RuntimeClass from the string (docs/outputs.md)."""
+    return {"customRuntimes": {"enabled": True, "runtimes": {
+        c.runtime_class: {
+            "baseConfig": policy.spec.shim,
+            "inheritBaseOverhead": False,
+            "dropIn": drop_ins[f"{c.name}.toml"],
+            # The chart creates this object itself, so no ownerReference in it.
+            "runtimeClass": yamlout.dump(runtime_class(policy, c, owned=False)),
+        }
+        for c in sizing.classes
+    }}}
+
+
+def values_overlay_yaml(policy: KataSizingPolicy, overlay: dict) -> str:
+    return yamlout.dump(overlay, comments=[
+        f"kata-deploy values overlay rendered by kata-sizing from KataSizingPolicy {policy.name}.",
+        "Use with: helm upgrade kata-deploy <chart> --reuse-values -f values.yaml",
+        "The chart creates each RuntimeClass below from its runtimeClass string.",
+    ])
 
 
 def configmap(
     policy: KataSizingPolicy, name: str, data: dict[str, str], extra_labels: dict[str, str] | None = None,
 ) -> dict:
-    return _load(_render(
-        "configmap.yaml.j2",
-        name=name,
-        namespace=policy.spec.output.namespace,
-        labels={**policy_labels(policy), **(extra_labels or {})},
-        owner_references=owner_reference(policy),
-        data=data,
-    ))
+    metadata: dict = {
+        "name": name,
+        "namespace": policy.spec.output.namespace,
+        "labels": {**policy_labels(policy), **(extra_labels or {})},
+    }
+    owners = owner_reference(policy)
+    if owners:
+        metadata["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": dict(data)}
 
 
 def configmap_names(policy_name: str) -> dict[str, str]:
@@ -235,23 +193,10 @@ def render_policy(
     """All desired objects for a policy; `nodes` adds the node-guidance ConfigMap."""
     sizing = sizing or size_policy(policy)
     names = configmap_names(policy.name)
-    runtime_class_texts = {c.name: render_runtime_class(policy, c) for c in sizing.classes}
-    runtime_classes = [_load(text) for text in runtime_class_texts.values()]
+    runtime_classes = [runtime_class(policy, c) for c in sizing.classes]
     drop_ins = {f"{c.name}.toml": render_drop_in(sizing, c) for c in sizing.classes}
-    values_yaml = _render(
-        "kata-deploy-values.yaml.j2",
-        policy=policy.name,
-        shim=policy.spec.shim,
-        runtimes=[
-            {
-                "name": c.runtime_class,
-                "drop_in": drop_ins[f"{c.name}.toml"],
-                # The chart creates this object itself, so no ownerReference in it.
-                "runtime_class_yaml": render_runtime_class(policy, c, owned=False),
-            }
-            for c in sizing.classes
-        ],
-    )
+    values = values_overlay(policy, sizing, drop_ins)
+    values_yaml = values_overlay_yaml(policy, values)
     configmaps = [
         configmap(policy, names["values"], {VALUES_KEY: values_yaml}, {FLUX_WATCH_LABEL: "Enabled"}),
         configmap(policy, names["dropins"], drop_ins),
@@ -263,15 +208,14 @@ def render_policy(
 
         guidance, guidance_problems = node_guidance(sizing, nodes)
         problems.extend(guidance_problems)
-        data = {g.key + ".yaml": render_guidance_document(policy.name, g) for g in guidance}
-        data[SUMMARY_KEY] = _render(
-            "node-guidance-summary.txt.j2",
+        data = {g.key + ".yaml": guidance_document_yaml(policy.name, g) for g in guidance}
+        data[SUMMARY_KEY] = _summary_template(templates_dir()).render(
             policy=policy.name,
             groups=guidance,
             node_count=sum(len(g.nodes) for g in guidance),
         )
         configmaps.append(configmap(policy, names["guidance"], data))
-    return Rendered(sizing, runtime_classes, configmaps, drop_ins, values_yaml, guidance, problems,
+    return Rendered(sizing, runtime_classes, configmaps, drop_ins, values_yaml, values, guidance, problems,
                     render_admission(sizing))
 
 
@@ -281,28 +225,71 @@ def render_admission(sizing: PolicySizing) -> list[dict]:
     every validation of its policy) and, unless spec.admission.routing is Webhook, the
     MutatingAdmissionPolicy that routes opted-in pods. Same labels and ownerReference as the
     RuntimeClasses."""
-    from . import podfit
-
     policy = sizing.policy
     if not policy.spec.admission.enabled or not sizing.classes:
         return []
     labels = policy_labels(policy)
     owners = owner_reference(policy)
-
-    specs = podfit.admission_specs(sizing)
-    frames = [{"api_version": api_version, "kind": kind, "name": name} for api_version, kind, name, _ in specs]
-    text = _render("admission.yaml.j2", objects=frames, labels=labels, owner_references=owners)
-    documents = [d for d in yaml.load_all(text, Loader=_SafeLoader) if d is not None]
-    for body, (_, _, _, spec) in zip(documents, specs, strict=True):
-        # A copy (the objects share their CEL variables); 20 KB of CEL through YAML text would
-        # triple the cost of rendering a policy.
-        body["spec"] = json.loads(json.dumps(spec))
-    return documents
-
-
-def render_guidance_document(policy_name: str, group: NodeGroupGuidance) -> str:
-    return _render("node-guidance.yaml.j2", policy=policy_name, g=group)
+    objects = []
+    for api_version, kind, name, spec in podfit.admission_specs(sizing):
+        metadata: dict = {"name": name, "labels": dict(labels)}
+        if owners:
+            metadata["ownerReferences"] = [dict(o) for o in owners]
+        # A copy: the objects share their CEL variables.
+        objects.append({"apiVersion": api_version, "kind": kind, "metadata": metadata,
+                        "spec": json.loads(json.dumps(spec))})
+    return objects
 
 
-def parse_yaml(text: str) -> object:
-    return _load(text)
+def guidance_document(group: NodeGroupGuidance) -> dict:
+    """A group's guidance (docs/sizing-model.md: kubelet reservations and /dev/shm)."""
+    capacity = {"memory": group.capacity_memory}
+    if group.capacity_cpu:
+        capacity["cpu"] = group.capacity_cpu
+    allocatable = {"memory": group.allocatable_memory}
+    if group.observed_allocatable_memory:
+        allocatable["observedMemory"] = group.observed_allocatable_memory
+    if group.shm_applies:
+        shm: dict = {"applies": True, "size": group.shm_size, "fstab": group.fstab_line,
+                     "remount": group.remount_command}
+    else:
+        shm = {"applies": False, "reason": group.shm_reason}
+    fits = {}
+    for fit in group.fits:
+        row: dict = {"largestPodAccounted": fit.accounted_memory, "largestVmMemory": fit.vm_memory,
+                     "byAllocatable": fit.by_allocatable}
+        if fit.by_cpu is not None:
+            row["byCpu"] = fit.by_cpu
+        if fit.by_shm is not None:
+            row["byDevShm"] = fit.by_shm
+        row["fit"] = fit.fit
+        fits[fit.name] = row
+    document: dict = {
+        "nodes": list(group.nodes),
+        "capacity": capacity,
+        "kubeletConfiguration": {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "systemReserved": {"memory": group.system_reserved},
+            "kubeReserved": {"memory": group.kube_reserved},
+            "evictionHard": {"memory.available": group.eviction_hard},
+            "enforceNodeAllocatable": ["pods"],
+            **({"featureGates": dict(group.kubelet_feature_gates)} if group.kubelet_feature_gates else {}),
+        },
+        "allocatable": allocatable,
+        "infraPodMemory": group.infra_pod_memory,
+    }
+    if group.infra_pod_memory_by_node:
+        document["infraPodMemoryByNode"] = dict(group.infra_pod_memory_by_node)
+    document.update({"devShm": shm, "vmsPerClass": fits})
+    if group.kubelet_feature_gate_reasons:
+        document["featureGateReasons"] = list(group.kubelet_feature_gate_reasons)
+    document["warnings"] = list(group.warnings)
+    return document
+
+
+def guidance_document_yaml(policy_name: str, group: NodeGroupGuidance) -> str:
+    return yamlout.dump(guidance_document(group), comments=[
+        f"Node guidance rendered by kata-sizing from KataSizingPolicy {policy_name} (docs/sizing-model.md:",
+        f"kubelet reservations and /dev/shm). Nodes: {', '.join(group.nodes)}",
+    ])

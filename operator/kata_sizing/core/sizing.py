@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from fractions import Fraction
 
 from . import defaults
 from .calibrate import Sample as SurveySample
-from .calibrate import CalibrationError, Fit, fit_overhead, guest_budget_mib
+from .calibrate import MAX_RATIO, CalibrationError, Fit, fit_overhead
 from .defaults import Runtime
 from .model import Admission, KataSizingPolicy, KataSizingPolicySpec, SizeClass
 from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, memory_bytes, mib_ceil
@@ -20,6 +21,39 @@ from .rules import (  # noqa: F401  (Problem and Severity are re-exported for th
     HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, check_shim, read_drop_in,
     sandbox_zero_message,
 )
+
+
+# The guest budget formula (docs/sizing-model.md); its one home.
+def guest_budget_mib(
+    base_mib: int | Decimal,
+    ratio: Decimal,
+    largest_limit_mib: int | Decimal,
+    margin: Decimal,
+) -> int:
+    """The guest budget G for pods with memory limits up to L, in even MiB.
+
+    In a VM of L + G the guest loses base + ratio * (L + G); L stays usable when
+    G >= (base + ratio * L) / (1 - ratio). The margin multiplies that, and the result is
+    rounded up to an even MiB because the runtime aligns VM memory to 2 MiB.
+    """
+    values = {
+        "base_mib": base_mib,
+        "ratio": ratio,
+        "largest_limit_mib": largest_limit_mib,
+        "margin": margin,
+    }
+    for name, value in values.items():
+        # A float here would make the budget depend on binary rounding of e.g. 0.14.
+        if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+            raise TypeError(f"{name} must be an int or Decimal, not {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} {value} is negative")
+    exact_ratio = Fraction(ratio)
+    if exact_ratio >= MAX_RATIO:
+        raise ValueError(f"ratio {ratio} is not below {Decimal(MAX_RATIO.numerator) / Decimal(MAX_RATIO.denominator)}")
+    needed = (Fraction(base_mib) + exact_ratio * Fraction(largest_limit_mib)) / (1 - exact_ratio)
+    with_margin = needed * (1 + Fraction(margin))
+    return 2 * math.ceil(with_margin / 2)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,185 @@
+"""Desired against live, field by field: which fields differ and the body that puts them back.
+
+Pure. The rules of what counts as the operator's field live here and only here: quantities
+compare by value (the API server may print 1Gi for 1024Mi), other people's labels and
+annotations are not drift, on a chart's RuntimeClass (KataDeploy mode, `guarded`) only what the
+policy decides is, and on an admission object a field the server filled in at its default is not.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .kinds import is_admission_kind
+from ..core.quantity import QuantityError, parse_quantity
+from ..core.render import MANAGED_BY_LABEL, POLICY_LABEL
+
+
+def _same_quantity(a: object, b: object) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)  # the API server may print 1Gi for 1024Mi
+    except QuantityError:
+        return a == b
+
+
+def _pod_fixed_equal(desired: dict | None, live: dict | None) -> bool:
+    desired = (desired or {}).get("podFixed") or {}
+    live = (live or {}).get("podFixed") or {}
+    if set(desired) != set(live):
+        return False
+    return all(_same_quantity(desired[k], live[k]) for k in desired)
+
+
+def _toleration(t: dict) -> dict:
+    return {k: v for k, v in t.items() if v is not None}
+
+
+def _scheduling_view(scheduling: dict | None) -> tuple:
+    scheduling = scheduling or {}
+    tolerations = [_toleration(t) for t in scheduling.get("tolerations") or []]
+    return (scheduling.get("nodeSelector") or {}, tolerations)
+
+
+def _decided_labels(desired: dict, guarded: bool) -> dict:
+    """The labels the operator puts on an object. On the chart's RuntimeClasses Helm stamps
+    `app.kubernetes.io/managed-by: Helm` over ours: that key is Helm's there, not drift."""
+    labels = desired["metadata"].get("labels") or {}
+    return {k: v for k, v in labels.items() if not (guarded and k == MANAGED_BY_LABEL)}
+
+
+def _guarded_scheduling_differences(desired: dict, live: dict) -> list[str]:
+    """KataDeploy mode: only the selector keys and tolerations the policy sets. The chart adds
+    its ownership gate (`katacontainers.io/kata-runtime`, `kata-deploy.katacontainers.io/<instance>`)
+    and may add more; those keys are the chart's."""
+    (want_selector, want_tolerations) = _scheduling_view(desired.get("scheduling"))
+    (have_selector, have_tolerations) = _scheduling_view(live.get("scheduling"))
+    found = [f"scheduling.nodeSelector[{k}]" for k, v in want_selector.items() if have_selector.get(k) != v]
+    if any(t not in have_tolerations for t in want_tolerations):
+        found.append("scheduling.tolerations")
+    return found
+
+
+def _guarded_pod_fixed_differences(desired: dict, live: dict) -> list[str]:
+    """KataDeploy mode: the podFixed resources the policy sizes (cpu, memory); others the chart
+    may request there (a TEE key slot such as `sev-snp.amd.com/esids`) are the chart's."""
+    want = ((desired.get("overhead") or {}).get("podFixed")) or {}
+    have = ((live.get("overhead") or {}).get("podFixed")) or {}
+    if all(k in have and _same_quantity(v, have[k]) for k, v in want.items()):
+        return []
+    return ["overhead.podFixed"]
+
+
+# What the API server fills in on an admission object's spec where the policy leaves a field out
+# (admissionregistration/v1 defaults.go): a field at exactly this value is the server's, not drift;
+# at any other value (a hand-made objectSelector, failurePolicy Ignore) it is drift.
+SERVER_DEFAULTS: dict[str, object] = {
+    "failurePolicy": "Fail", "matchPolicy": "Equivalent", "namespaceSelector": {}, "objectSelector": {},
+    "scope": "*", "reinvocationPolicy": "Never", "parameterNotFoundAction": "Deny",
+}
+
+
+def spec_differences(desired: object, live: object, path: str = "spec") -> list[str]:
+    """Where `live` differs from `desired`: every value the desired object sets, lists element by
+    element and of the same length, and no key the desired object leaves out unless the server
+    put it there (SERVER_DEFAULTS)."""
+    if isinstance(desired, dict) and isinstance(live, dict):
+        found = []
+        for key, want in desired.items():
+            if key not in live:
+                found.append(f"{path}.{key}")
+            else:
+                found += spec_differences(want, live[key], f"{path}.{key}")
+        found += [f"{path}.{key}" for key, value in live.items()
+                  if key not in desired and not (key in SERVER_DEFAULTS and SERVER_DEFAULTS[key] == value)]
+        return found
+    if isinstance(desired, list) and isinstance(live, list):
+        if len(desired) != len(live):
+            return [path]
+        return [d for i, (w, h) in enumerate(zip(desired, live)) for d in spec_differences(w, h, f"{path}[{i}]")]
+    return [] if desired == live else [path]
+
+
+def differences(desired: dict, live: dict, guarded: bool = False) -> list[str]:
+    """The fields the operator decides where `live` differs from `desired`; fields others own
+    (their labels, annotations, and on a `guarded` object every key the chart adds) are ignored."""
+    found = []
+    d_meta, l_meta = desired["metadata"], live.get("metadata") or {}
+    live_labels = l_meta.get("labels") or {}
+    for label, value in _decided_labels(desired, guarded).items():
+        if live_labels.get(label) != value:
+            found.append(f"metadata.labels[{label}]")
+    live_owner_uids = {o.get("uid") for o in l_meta.get("ownerReferences") or []}
+    for owner in d_meta.get("ownerReferences") or []:
+        if owner["uid"] not in live_owner_uids:
+            found.append("metadata.ownerReferences")
+    if desired["kind"] == "RuntimeClass":
+        if desired.get("handler") != live.get("handler"):
+            found.append("handler")
+        if guarded:
+            found += _guarded_pod_fixed_differences(desired, live)
+            found += _guarded_scheduling_differences(desired, live)
+        else:
+            if not _pod_fixed_equal(desired.get("overhead"), live.get("overhead")):
+                found.append("overhead.podFixed")
+            if _scheduling_view(desired.get("scheduling")) != _scheduling_view(live.get("scheduling")):
+                found.append("scheduling")
+    elif is_admission_kind(desired["kind"]):
+        found += spec_differences(desired.get("spec") or {}, live.get("spec") or {})
+    else:
+        if (desired.get("data") or {}) != (live.get("data") or {}):
+            changed = sorted(
+                k for k in set(desired.get("data") or {}) | set(live.get("data") or {})
+                if (desired.get("data") or {}).get(k) != (live.get("data") or {}).get(k)
+            )
+            found.append("data[" + ", ".join(changed) + "]")
+    return found
+
+
+def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
+    """`live` with our fields put back; labels, annotations and owners of others are kept, and on
+    a `guarded` object every key the chart added as well."""
+    body = copy.deepcopy(live)
+    meta = body.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **_decided_labels(desired, guarded)}
+    owners = [o for o in meta.get("ownerReferences") or []]
+    owner_uids = {o.get("uid") for o in owners}
+    for owner in desired["metadata"].get("ownerReferences") or []:
+        if owner["uid"] not in owner_uids:
+            owners.append(owner)
+    if owners:
+        meta["ownerReferences"] = owners
+    if desired["kind"] == "RuntimeClass" and guarded:
+        overhead = body.setdefault("overhead", {}) or {}
+        body["overhead"] = overhead
+        overhead["podFixed"] = {**(overhead.get("podFixed") or {}),
+                                **copy.deepcopy((desired.get("overhead") or {}).get("podFixed") or {})}
+        want_scheduling = desired.get("scheduling") or {}
+        scheduling = body.get("scheduling") or {}
+        body["scheduling"] = scheduling
+        selector = {**(scheduling.get("nodeSelector") or {}), **(want_scheduling.get("nodeSelector") or {})}
+        if selector:
+            scheduling["nodeSelector"] = selector
+        tolerations = list(scheduling.get("tolerations") or [])
+        have = [_toleration(t) for t in tolerations]
+        tolerations += [copy.deepcopy(t) for t in want_scheduling.get("tolerations") or [] if _toleration(t) not in have]
+        if tolerations:
+            scheduling["tolerations"] = tolerations
+    elif desired["kind"] == "RuntimeClass":
+        body["overhead"] = copy.deepcopy(desired.get("overhead"))
+        body["scheduling"] = copy.deepcopy(desired.get("scheduling"))
+    elif is_admission_kind(desired["kind"]):
+        body["apiVersion"] = desired.get("apiVersion") or body.get("apiVersion")
+        body["spec"] = copy.deepcopy(desired.get("spec") or {})
+    else:
+        body["data"] = copy.deepcopy(desired.get("data") or {})
+    return body
+
+
+def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
+    """Labelled for this policy, or owned by it. The managed-by label is not looked at: Helm
+    replaces it with its own on the RuntimeClasses the kata-deploy chart creates from our values."""
+    meta = live.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(POLICY_LABEL) == policy_name:
+        return True
+    return bool(policy_uid) and any(o.get("uid") == policy_uid for o in meta.get("ownerReferences") or [])

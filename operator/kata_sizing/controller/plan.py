@@ -1,0 +1,344 @@
+"""Deciding, pure and synchronous: what a policy wants, and one action per object.
+
+`decide(want, have, ownership, drift_policy, trigger)` is the one decision of the operator,
+for a pass and for a drift event alike (a drift event runs a pass of its policy): desired and
+live in, one action out. `plan_pass` applies it to every object a policy wants or left behind;
+the executor (`execute`) only carries the actions out, and `status.conclude` turns the plan and
+what the executor reports into status, events and counters. docs/operation.md has the table.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .compare import corrected, differences, is_ours
+from .kinds import ObjKey, describe, obj_key
+from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
+from ..core.render import Rendered, configmap_names, render_policy
+from ..core.sizing import PolicySizing, Severity, size_policy
+
+
+class Ownership(enum.Enum):
+    """Who the object with a wanted name belongs to."""
+
+    OWNED = "owned"  # the operator creates, owns and deletes it
+    GUARDED = "guarded"  # the kata-deploy chart's RuntimeClass (managedBy: KataDeploy): its fields are guarded
+    FOREIGN = "foreign"  # somebody else's object holds the name: never written
+
+
+class Trigger(enum.Enum):
+    """Why this object is looked at now, as far as the difference goes."""
+
+    APPLY = "apply"  # the policy (or what it renders) changed: its objects are written in any drift policy
+    DRIFT = "drift"  # the policy wants what it wanted before; the live object changed: a hand edit
+    FIRST = "first"  # nothing is known of before (the operator started, or this replica now leads)
+
+
+class Verb(enum.Enum):
+    NOTHING = "nothing"
+    CREATE = "create"
+    REPLACE = "replace"  # with `body`: live with the policy's fields put back
+    RECREATE = "recreate"  # RuntimeClass.handler is immutable: delete, then create `body`
+    DELETE = "delete"  # an object of the policy it no longer renders
+    REPORT = "report"  # say the difference, write nothing
+    CONFLICT = "conflict"  # somebody else's object has the name: say so, write nothing
+    MISSING = "missing"  # the chart's RuntimeClass does not exist: the chart creates it, not the operator
+
+
+WRITES = frozenset({Verb.CREATE, Verb.REPLACE, Verb.RECREATE, Verb.DELETE})
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: Verb
+    key: ObjKey
+    want: dict | None = None
+    have: dict | None = None
+    body: dict | None = None  # what CREATE, REPLACE and RECREATE write
+    differences: tuple[str, ...] = ()
+    guarded: bool = False
+    # The difference was made by somebody else while the policy stayed the same: a write undoing
+    # it is a drift correction, a report of it a drift detection.
+    drift: bool = False
+    trigger: Trigger = Trigger.APPLY
+
+    @property
+    def writes(self) -> bool:
+        return self.verb in WRITES
+
+
+def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_policy: str, trigger: Trigger) -> Action:
+    """The action for one object: `want` is what the policy renders for the name (None: it
+    renders nothing there), `have` the live object (None: none exists)."""
+    key = obj_key(want if want is not None else have or {})
+    guarded = ownership is Ownership.GUARDED
+    common = {"key": key, "want": want, "have": have, "guarded": guarded, "trigger": trigger,
+              "drift": trigger is Trigger.DRIFT}
+    if ownership is Ownership.FOREIGN:
+        return Action(Verb.CONFLICT if want is not None else Verb.NOTHING, **common)
+    if want is None:
+        if have is None or guarded:
+            return Action(Verb.NOTHING, **common)
+        return Action(Verb.DELETE, **{**common, "drift": False})
+    write = trigger is Trigger.APPLY or drift_policy == "Correct"
+    if have is None:
+        if guarded:
+            return Action(Verb.MISSING, differences=("(missing)",), **common)
+        if write:
+            return Action(Verb.CREATE, body=copy.deepcopy(want), differences=("(missing)",), **common)
+        return Action(Verb.REPORT, differences=("(missing)",), **common)
+    found = tuple(differences(want, have, guarded))
+    if not found:
+        return Action(Verb.NOTHING, **common)
+    if key[0] == "RuntimeClass" and want.get("handler") != have.get("handler"):
+        if guarded:
+            # The chart made it from the values overlay: only the chart can make it again.
+            return Action(Verb.REPORT, differences=found, **common)
+        if write:
+            return Action(Verb.RECREATE, body=copy.deepcopy(want), differences=found, **common)
+        return Action(Verb.REPORT, differences=found, **common)
+    if write:
+        return Action(Verb.REPLACE, body=corrected(want, have, guarded), differences=found, **common)
+    return Action(Verb.REPORT, differences=found, **common)
+
+
+# --- what a policy wants ---------------------------------------------------------------------
+
+
+def policy_ref(body: Mapping) -> dict:
+    meta = body.get("metadata") or {}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": meta.get("name"), "uid": meta.get("uid")}}
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The objects a policy's generation wants, by name."""
+
+    policy_name: str
+    policy_uid: str | None
+    drift_policy: str
+    ref: dict
+    namespace: str
+    # Objects the operator creates and owns.
+    owned: Mapping[ObjKey, dict]
+    # KataDeploy mode: RuntimeClasses the chart creates; the operator guards their fields.
+    guarded: Mapping[ObjKey, dict]
+    # Rendered admission objects of a kind (or version) the API server does not serve.
+    unserved: tuple[str, ...] = ()
+    routing: str = "Auto"
+    guidance_rendered: bool = False
+
+    def unserved_expected(self, what: str) -> bool:
+        """A MutatingAdmissionPolicy the server does not serve is expected with routing Auto: the
+        operator's webhook routes instead; not a warning."""
+        return what.startswith("MutatingAdmissionPolicy") and self.routing == "Auto"
+
+    def lookup(self, key: ObjKey) -> tuple[dict, Ownership] | None:
+        if key in self.owned:
+            return self.owned[key], Ownership.OWNED
+        if key in self.guarded:
+            return self.guarded[key], Ownership.GUARDED
+        return None
+
+    def keys(self) -> list[ObjKey]:
+        return [*self.owned, *self.guarded]
+
+    def runtime_class_names(self) -> set[str]:
+        return {key[2] for key in self.keys() if key[0] == "RuntimeClass"}
+
+
+def _without_owner_references(obj: dict) -> dict:
+    obj = copy.deepcopy(obj)
+    obj["metadata"].pop("ownerReferences", None)
+    return obj
+
+
+def admission_objects(
+    rendered: Rendered, admission_versions: Mapping[str, str] | None,
+) -> tuple[dict[ObjKey, dict], list[dict]]:
+    """(the rendered admission objects the server can store, those it cannot). With
+    `admission_versions` None (no discovery: unit tests) every one is kept; otherwise an object
+    is kept when the server serves its kind at the version it is rendered with."""
+    kept: dict[ObjKey, dict] = {}
+    left_out: list[dict] = []
+    for obj in rendered.admission:
+        version = (obj.get("apiVersion") or "").rpartition("/")[2]
+        if admission_versions is None or admission_versions.get(obj["kind"]) == version:
+            kept[obj_key(obj)] = obj
+        else:
+            left_out.append(obj)
+    return kept, left_out
+
+
+def build_desired(
+    policy: KataSizingPolicy, rendered: Rendered, body: Mapping, admission_versions: Mapping[str, str] | None = None,
+) -> Desired:
+    runtime_classes = {obj_key(o): o for o in rendered.runtime_classes}
+    owned = {obj_key(o): o for o in rendered.configmaps}
+    guarded: dict[ObjKey, dict] = {}
+    if rendered.creates_runtime_classes:
+        owned.update(runtime_classes)
+    else:
+        # The chart's objects: never owned by the policy, or deleting the policy would make
+        # the garbage collector delete them (and drift correction would add the reference).
+        guarded = {key: _without_owner_references(o) for key, o in runtime_classes.items()}
+    admission, left_out = admission_objects(rendered, admission_versions)
+    owned.update(admission)
+    guidance = configmap_names(policy.name)["guidance"]
+    return Desired(
+        policy_name=policy.name,
+        policy_uid=policy.metadata.uid,
+        drift_policy=policy.spec.drift_policy,
+        ref=policy_ref(body),
+        namespace=policy.spec.output.namespace,
+        owned=owned,
+        guarded=guarded,
+        unserved=tuple(f"{o['kind']} {o['metadata']['name']} ({o.get('apiVersion')})" for o in left_out),
+        routing=policy.spec.admission.routing,
+        guidance_rendered=any(k[0] == "ConfigMap" and k[2] == guidance for k in owned),
+    )
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What a policy's generation wants, or why it wants nothing (it is invalid)."""
+
+    invalid: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # the sizing's warnings (status, a PolicyWarning event)
+    guidance_errors: tuple[str, ...] = ()
+    policy: KataSizingPolicy | None = None
+    sizing: PolicySizing | None = None
+    rendered: Rendered | None = None
+    desired: Desired | None = None
+
+
+def intent_of(body: Mapping, nodes: list | None = None, admission_versions: Mapping[str, str] | None = None,
+              sizing: PolicySizing | None = None) -> Intent:
+    """Parse, size and render a policy (`nodes`: node facts, None while unknown)."""
+    try:
+        policy = parse_policy(dict(body))
+        sizing = sizing or size_policy(policy)
+    except PolicyError as exc:
+        return Intent(invalid=tuple(exc.problems))
+    if sizing.errors:
+        return Intent(invalid=tuple(str(p) for p in sizing.errors), policy=policy)
+    rendered = render_policy(policy, nodes=nodes, sizing=sizing)
+    guidance_errors = tuple(str(p) for p in rendered.problems
+                            if p.severity == Severity.ERROR and p not in sizing.errors)
+    return Intent(warnings=tuple(str(p) for p in sizing.warnings), guidance_errors=guidance_errors, policy=policy,
+                  sizing=sizing, rendered=rendered, desired=build_desired(policy, rendered, body, admission_versions))
+
+
+# --- a pass -----------------------------------------------------------------------------------
+
+
+def key_trigger(pass_trigger: str, previous: Desired | None, key: ObjKey, want: dict | None) -> Trigger:
+    """APPLY when the policy changed (kopf's create/update) or renders something new for this
+    name; DRIFT when it wants what it wanted at its last pass; FIRST when that is not known."""
+    if pass_trigger == "apply":
+        return Trigger.APPLY
+    if previous is None:
+        return Trigger.FIRST
+    before = previous.lookup(key)
+    if before is None or want is None:
+        return Trigger.APPLY
+    return Trigger.DRIFT if before[0] == want else Trigger.APPLY
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What a pass knows before it decides anything (gather.gather builds it): the policy, what
+    it wants, the live objects, what the last pass wanted, and what was already said."""
+
+    body: Mapping
+    trigger: str  # apply (kopf's create/update), resync, drift, leader
+    intent: Intent
+    # The object holding each wanted name (a name missing here has no object), and the objects
+    # labelled for the policy.
+    live: Mapping[ObjKey, dict] = field(default_factory=dict)
+    live_of_policy: Mapping[ObjKey, dict] = field(default_factory=dict)
+    previous: Desired | None = None
+    nodes_known: bool = False
+    unmanaged: tuple | None = None  # audit findings on Kata RuntimeClasses no policy manages
+    pod_findings: tuple | None = None
+    webhook_serving: bool | None = None
+    # Drift already reported, as (key, resourceVersion); events already posted, by reason.
+    reported: frozenset = frozenset()
+    announced: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return (self.body.get("metadata") or {}).get("name") or ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    intent: Intent
+    actions: tuple[Action, ...] = field(default=())
+
+    @property
+    def writes(self) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions if a.writes)
+
+    def of(self, *verbs: Verb) -> list[Action]:
+        return [a for a in self.actions if a.verb in verbs]
+
+
+def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Mapping[ObjKey, dict],
+                 pass_trigger: str, previous: Desired | None) -> Plan:
+    """One action per object the policy wants, and per object of the policy it no longer renders.
+    `live` holds the object with each wanted name (absent: none exists); `live_of_policy` the
+    objects labelled for the policy."""
+    desired = intent.desired
+    if desired is None:
+        return Plan(intent)  # invalid: the objects of the last valid generation stay as they were
+    owner = (desired.policy_name, desired.policy_uid)
+    actions = []
+    for key in desired.keys():
+        want, role = desired.lookup(key)
+        have = live.get(key)
+        ownership = Ownership.FOREIGN if have is not None and not is_ours(have, *owner) else role
+        trigger = key_trigger(pass_trigger, previous, key, want)
+        action = decide(want, have, ownership, desired.drift_policy, trigger)
+        if ownership is Ownership.FOREIGN and role is Ownership.GUARDED:
+            action = replace(action, guarded=True)  # the chart's object, without our labels
+        actions.append(action)
+    guidance_name = configmap_names(desired.policy_name)["guidance"]
+    for key, have in live_of_policy.items():
+        if key in desired.owned or key in desired.guarded or not is_ours(have, *owner):
+            continue
+        if key[0] == "ConfigMap" and key[2] == guidance_name and key[1] == desired.namespace \
+                and not desired.guidance_rendered:
+            continue  # node facts not known yet (informers syncing): keep the last guidance
+        role = Ownership.GUARDED if key[0] == "RuntimeClass" and desired.guarded else Ownership.OWNED
+        actions.append(decide(None, have, role, desired.drift_policy, Trigger.APPLY))
+    return Plan(intent, tuple(a for a in actions if a.verb is not Verb.NOTHING))
+
+
+def plan_pass(gathered: Gathered) -> Plan:
+    return plan_objects(gathered.intent, gathered.live, gathered.live_of_policy, gathered.trigger, gathered.previous)
+
+
+def plan_deletion(body: Mapping, live_of_policy: Mapping[ObjKey, dict], chart_owned: bool) -> Plan:
+    """The policy is being deleted: remove what the operator created, nothing else (the chart's
+    RuntimeClasses stay)."""
+    meta = body.get("metadata") or {}
+    owner = (meta.get("name"), meta.get("uid"))
+    actions = []
+    for key, have in live_of_policy.items():
+        if not is_ours(have, *owner):
+            continue
+        role = Ownership.GUARDED if key[0] == "RuntimeClass" and chart_owned else Ownership.OWNED
+        action = decide(None, have, role, "Correct", Trigger.APPLY)
+        if action.verb is not Verb.NOTHING:
+            actions.append(action)
+    return Plan(Intent(), tuple(actions))
+
+
+def conflict_text(action: Action) -> str:
+    if action.guarded:
+        return f"{describe(action.key)} is not labelled for this policy; left untouched"
+    return f"{describe(action.key)} exists and is not managed by this policy; left untouched"

@@ -1,0 +1,142 @@
+"""The operator's state, typed: what one process keeps between passes (kopf's memo holds only
+this object, as `memo.state`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compare import is_ours
+from .informer import ChildCache, Informer
+from .kinds import ObjKey
+from .leader import LeaderElector
+from .plan import Desired
+from .workqueue import WorkQueue
+
+
+@dataclass
+class DesiredCache:
+    """What each policy's last pass wanted, which is also the index from a managed object back to
+    its policy (for drift) and the set of Kata RuntimeClass names (for node guidance)."""
+
+    by_policy: dict[str, Desired] = field(default_factory=dict)
+    by_child: dict[ObjKey, str] = field(default_factory=dict)
+    # Bumps when the set of RuntimeClass names some policy renders changes (not on every pass).
+    version: int = 0
+
+    def put(self, desired: Desired) -> Desired | None:
+        """Record a pass's desired state; returns the one it replaces."""
+        old = self.by_policy.get(desired.policy_name)
+        new_keys = set(desired.keys())
+        if old is not None:
+            self._release(desired.policy_name, set(old.keys()) - new_keys)
+        self.by_policy[desired.policy_name] = desired
+        for key in new_keys:
+            self.by_child[key] = desired.policy_name
+        if old is None or old.runtime_class_names() != desired.runtime_class_names():
+            self.version += 1
+        return old
+
+    def drop(self, policy_name: str) -> Desired | None:
+        old = self.by_policy.pop(policy_name, None)
+        if old:
+            self._release(policy_name, set(old.keys()))
+            self.version += 1
+        return old
+
+    def _release(self, policy_name: str, keys: set[ObjKey]) -> None:
+        for key in keys:
+            if self.by_child.get(key) == policy_name:
+                other = next((d.policy_name for d in self.by_policy.values()
+                              if d.policy_name != policy_name and d.lookup(key)), None)
+                if other:
+                    self.by_child[key] = other
+                else:
+                    del self.by_child[key]
+
+    def runtime_class_names(self) -> set[str]:
+        """Every RuntimeClass some policy renders: the Kata classes the operator knows of."""
+        return {key[2] for key in self.by_child if key[0] == "RuntimeClass"}
+
+    def for_child(self, key: ObjKey, live: dict | None = None) -> Desired | None:
+        """The policy that wants `key`; given the `live` object, the one it belongs to. Two
+        policies may render the same name (one of them in Conflict), and the index holds only
+        the last one put."""
+        name = self.by_child.get(key)
+        indexed = self.by_policy.get(name) if name else None
+        if indexed is None or live is None or is_ours(live, indexed.policy_name, indexed.policy_uid):
+            return indexed
+        for desired in self.by_policy.values():
+            if desired.lookup(key) is not None and is_ours(live, desired.policy_name, desired.policy_uid):
+                return desired
+        return indexed
+
+
+@dataclass
+class OperatorState:
+    api: Any  # kube.KubeApi (or a test's fake of it)
+    admission_versions: dict[str, str]
+    children: ChildCache
+    nodes: Informer
+    pods: Informer
+    work: WorkQueue | None = None
+    leader: LeaderElector | None = None
+    webhook_serving: bool = False
+    desired: DesiredCache = field(default_factory=DesiredCache)
+    # One lock per policy: its passes, drift passes and deletion never overlap.
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Per policy: the inputs (informer versions), node facts and audits of its last successful
+    # pass; the guidance timer compares against them.
+    last_pass: dict[str, tuple] = field(default_factory=dict)
+    # Node facts, audits and intents computed once per change and shared by every policy.
+    derived: dict[Hashable, tuple] = field(default_factory=dict)
+    # The latest body seen of each policy (kopf's handlers and our own status writes keep it):
+    # a drift pass starts from it instead of reading the policy again.
+    policies: dict[str, dict] = field(default_factory=dict)
+    # The status this replica last wrote per policy: what the next pass compares with.
+    written_status: dict[str, dict] = field(default_factory=dict)
+    # Per policy: the objects its last pass reported, or could not write (a change of any other
+    # object that leaves it as the policy wants it needs no pass).
+    attention: dict[str, set[ObjKey]] = field(default_factory=dict)
+    # Per policy: the drift its passes reported (as (key, resourceVersion)) and still stands, and
+    # the events last posted, by reason.
+    reported: dict[str, set] = field(default_factory=dict)
+    announced: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Increments of status.driftCorrections/driftDetected not yet written, per policy.
+    pending_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    background: list[asyncio.Task] = field(default_factory=list)
+    # Why each policy's queued pass runs (drift, leader, retry): the queue holds one item per
+    # policy, whatever asked for it.
+    queued: dict[str, str] = field(default_factory=dict)
+
+    def enqueue_pass(self, policy_name: str, trigger: str) -> None:
+        if self.work is not None:
+            self.queued[policy_name] = trigger
+            self.work.add(("pass", policy_name))
+
+    def lock(self, policy_name: str) -> asyncio.Lock:
+        return self.locks.setdefault(policy_name, asyncio.Lock())
+
+    def informers(self) -> list[Informer]:
+        return [self.nodes, self.pods, *self.children.informers()]
+
+    def forget_policy(self, policy_name: str) -> None:
+        self.desired.drop(policy_name)
+        self.locks.pop(policy_name, None)
+        self.last_pass.pop(policy_name, None)
+        self.attention.pop(policy_name, None)
+        self.policies.pop(policy_name, None)
+        self.written_status.pop(policy_name, None)
+        self.announced.pop(policy_name, None)
+        self.reported.pop(policy_name, None)
+        self.pending_counts.pop(policy_name, None)
+        self.queued.pop(policy_name, None)
+
+    def forget_leadership(self) -> None:
+        """This replica stopped leading: what it announced and reported is another replica's
+        business now, and is said again if it leads again and finds it still so."""
+        self.reported.clear()
+        self.announced.clear()
+        self.written_status.clear()
