@@ -87,6 +87,7 @@ class AuditEvent:
     code: int
     uri: str
     user_agent: str = ""  # replicas name themselves here (kata-sizing/<identity>)
+    source_ips: tuple[str, ...] = ()  # where the request came from (a pod's IP when run in a pod)
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -244,8 +245,9 @@ class ControlPlane:
         except FileNotFoundError:
             return 0
 
-    def operator_requests(self, since: int = 0) -> list[AuditEvent]:
-        """Every completed request made with the operator's identity, from byte `since` on."""
+    def operator_requests(self, since: int = 0, user: str = OPERATOR_USER) -> list[AuditEvent]:
+        """Every completed request made with the operator's identity (or `user`, another
+        ServiceAccount's), from byte `since` on."""
         try:
             with self.audit_path.open("rb") as f:
                 f.seek(since)
@@ -259,7 +261,7 @@ class ControlPlane:
             stage = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
             if entry.get("stage") not in (stage, "Panic"):
                 continue
-            if (entry.get("user") or {}).get("username") != OPERATOR_USER:
+            if (entry.get("user") or {}).get("username") != user:
                 continue
             ref = entry.get("objectRef") or {}
             resource = ref.get("resource", "")
@@ -269,11 +271,12 @@ class ControlPlane:
                 verb=entry["verb"], group=ref.get("apiGroup", ""), resource=resource,
                 namespace=ref.get("namespace", ""), name=ref.get("name", ""),
                 code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", ""),
-                user_agent=entry.get("userAgent", "")))
+                user_agent=entry.get("userAgent", ""), source_ips=tuple(entry.get("sourceIPs") or ())))
         return events
 
-    def operator_writes(self, since: int = 0, resource: str | None = None) -> list[AuditEvent]:
-        return [e for e in self.operator_requests(since)
+    def operator_writes(self, since: int = 0, resource: str | None = None,
+                        user: str = OPERATOR_USER) -> list[AuditEvent]:
+        return [e for e in self.operator_requests(since, user)
                 if e.verb in WRITE_VERBS and (resource is None or e.resource == resource)]
 
 

@@ -389,6 +389,10 @@ class Node:
     def _drain(self, timeout: float = 90) -> None:
         selector = urllib.parse.quote(f"spec.nodeName={NODE_NAME}")
         pods = f"/api/v1/pods?fieldSelector={selector}"
+        # Cordoned first, as `kubectl drain` does: the pods a Deployment replaces (the operator's
+        # chart) stay Pending instead of landing on the node again (the drain waited out its
+        # timeout until it did this).
+        self.cp.merge_patch(f"/api/v1/nodes/{NODE_NAME}", {"spec": {"unschedulable": True}})
         for pod in self.cp.request("GET", pods)["items"]:
             meta = pod["metadata"]
             with contextlib.suppress(ApiError):

@@ -113,6 +113,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             capacity_memory_bytes=_limit("--node-capacity", args.node_capacity, memory_bytes),
             capacity_cpu=_limit("--node-cpu", args.node_cpu, cpu_cores),
             infra_pod_memory_bytes=_limit("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
+            kubelet_version=_kubelet_version(args.kubelet_version),
         )]
     objects, errors, overlays = [], [], []  # overlays: (policy, its values as text and as data)
     for policy in policies:
@@ -267,6 +268,14 @@ def _limit(option: str, text: str | None, parse) -> object:
         return parse(text)
     except QuantityError as exc:
         raise PolicyError([f"{option}: {exc}"]) from None
+
+
+def _kubelet_version(text: str | None) -> str | None:
+    from .core.guidance import kubelet_minor
+
+    if _flag("--kubelet-version", text) is not None and kubelet_minor(text) is None:
+        raise PolicyError([f"--kubelet-version: {text!r} is not a Kubernetes version (examples: v1.37.2, 1.36.4)"])
+    return text
 
 
 def _policy_path(args: argparse.Namespace) -> str:
@@ -832,6 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--node-cpu", metavar="QUANTITY", help="the node's CPU capacity, for VMs-per-class")
     render.add_argument("--infra-pod-memory", metavar="QUANTITY",
                         help="memory requests of the node's non-Kata pods (default: none)")
+    render.add_argument("--kubelet-version", metavar="VERSION",
+                        help="the nodes' kubelet (v1.37.2): the feature gates their configuration needs")
     render.add_argument("--values-only", action="store_true",
                         help="print only the kata-deploy values overlay (for helm -f, or to commit for GitOps)")
     render.add_argument("--proposal", metavar="SURVEY.csv",

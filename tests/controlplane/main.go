@@ -17,9 +17,10 @@
 // API server's client certificate for the kubelet (kubelet-client.crt). It prints
 // "controlplane ready" once /readyz answers ok, and stops everything on SIGTERM.
 // DIR/audit.log is the API server's audit log (JSON lines, level Metadata) of every request
-// made with the operator's identity: what the real authorizer allowed or refused (403), and
-// every write, for the tests to count; and pod creations and resizes by anyone (where an
-// admission policy with the Audit action records its finding).
+// made with the operator's identity or any other ServiceAccount's (the operator's chart on the
+// node runs as its own): what the real authorizer allowed or refused (403), and every write, for
+// the tests to count; and pod creations and resizes by anyone (where an admission policy with
+// the Audit action records its finding).
 // SIGUSR1 compacts etcd at its current revision, which expires every older watch (410).
 // The API server and controller manager run as child processes of this same binary
 // (their global flag and metric registries are not meant to share one process).

@@ -28,6 +28,7 @@ class NodeSummary:
     # types, and status.daemonEndpoints.kubeletEndpoint.Port.
     kubelet_address: str | None = None
     kubelet_port: int | None = None
+    kubelet_version: str | None = None
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         labels = dict(self.labels)
@@ -44,6 +45,7 @@ class PodRequest:
     pod: str  # namespace/name
     runtime_class: str | None
     memory_request_bytes: int
+    cpu_request: Decimal = Decimal(0)  # cores, as the scheduler counts them (overhead included)
     node: str | None = None
     limits: PodLimits | None = None  # only for pods the audit may look at
     routed_by: str | None = None  # the katasizing.dev/policy label of a pod without runtimeClassName
@@ -100,28 +102,31 @@ def summarize_node(node: Mapping) -> NodeSummary | None:
         allocatable_cpu=_cpu(allocatable.get("cpu")),
         kubelet_address=address,
         kubelet_port=port,
+        kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion") or None,
     )
 
 
-def _request(container: Mapping) -> int:
-    return _memory(((container.get("resources") or {}).get("requests") or {}).get("memory"))
+def _request(container: Mapping, resource: str):
+    value = ((container.get("resources") or {}).get("requests") or {}).get(resource)
+    return _memory(value) if resource == "memory" else (_cpu(value) or Decimal(0))
 
 
-def effective_memory_request(spec: Mapping) -> int:
-    """Kubernetes' effective pod request: the larger of the app containers (plus sidecars)
-    and the largest init container (plus the sidecars started before it), plus overhead.
-    Sidecars are init containers with restartPolicy Always (KEP-753)."""
+def effective_request(spec: Mapping, resource: str):
+    """Kubernetes' effective pod request of `resource` ("memory": bytes, "cpu": cores): the
+    larger of the app containers (plus sidecars) and the largest init container (plus the
+    sidecars started before it), plus overhead. Sidecars are init containers with
+    restartPolicy Always (KEP-753)."""
     sidecars = 0
     init_peak = 0
     for init in spec.get("initContainers") or []:
-        request = _request(init)
+        request = _request(init, resource)
         if init.get("restartPolicy") == "Always":
             sidecars += request
             init_peak = max(init_peak, sidecars)
         else:
             init_peak = max(init_peak, request + sidecars)
-    app = sum(_request(c) for c in spec.get("containers") or []) + sidecars
-    overhead = _memory(((spec.get("overhead") or {}).get("memory")))
+    app = sum((_request(c, resource) for c in spec.get("containers") or []), sidecars)
+    overhead = _request({"resources": {"requests": spec.get("overhead") or {}}}, resource)
     return max(app, init_peak) + overhead
 
 
@@ -148,7 +153,8 @@ def summarize_pod(pod: Mapping) -> PodRequest | None:
     return PodRequest(
         pod=name,
         runtime_class=runtime_class,
-        memory_request_bytes=effective_memory_request(spec) if node is not None else 0,
+        memory_request_bytes=effective_request(spec, "memory") if node is not None else 0,
+        cpu_request=effective_request(spec, "cpu") if node is not None else Decimal(0),
         node=node,
         limits=limits,
         routed_by=routed_by,
@@ -173,16 +179,15 @@ def facts_for_nodes(
     for node in nodes:
         if not node.matches(selector):
             continue
-        infra = sum(
-            p.memory_request_bytes for p in pods_by_node.get(node.name, ())
-            if not is_kata_class(p.runtime_class, kata_classes)
-        )
+        infra_pods = [p for p in pods_by_node.get(node.name, ()) if not is_kata_class(p.runtime_class, kata_classes)]
         facts.append(NodeFacts(
             name=node.name,
             capacity_memory_bytes=node.capacity_memory_bytes,
             capacity_cpu=node.capacity_cpu,
             allocatable_memory_bytes=node.allocatable_memory_bytes,
             allocatable_cpu=node.allocatable_cpu,
-            infra_pod_memory_bytes=infra,
+            infra_pod_memory_bytes=sum(p.memory_request_bytes for p in infra_pods),
+            infra_pod_cpu=sum((p.cpu_request for p in infra_pods), Decimal(0)),
+            kubelet_version=node.kubelet_version,
         ))
     return sorted(facts, key=lambda f: f.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import os
 
@@ -76,6 +77,19 @@ def _bounded_login(login):
         )
 
     return bounded_login
+
+
+def login_in_cluster(**kwargs) -> kopf.ConnectionInfo | None:
+    """kopf's service-account login, addressed as client-go's in-cluster configuration addresses
+    it: the kubernetes Service's IP and port from the environment the kubelet sets, not the name
+    `kubernetes.default.svc`, which needs cluster DNS (a node without it left kopf retrying DNS
+    lookups while the operator's own client, already on the Service IP, worked: docs/testing.md)."""
+    info = kopf.login_with_service_account(**kwargs)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is None or not host or not port:
+        return info
+    # An IPv6 Service address in brackets, as net.JoinHostPort writes it.
+    return dataclasses.replace(info, server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}")
 
 
 def _event_sink(ref: dict, type_: str, reason: str, message: str) -> None:
@@ -433,7 +447,7 @@ def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     policies = (GROUP, VERSION, PLURAL)
     # kopf's own logins, like kubectl: the service account in a pod, else KUBECONFIG/~/.kube/config.
-    kopf.on.login(registry=registry, id="service-account")(_bounded_login(kopf.login_with_service_account))
+    kopf.on.login(registry=registry, id="service-account")(_bounded_login(login_in_cluster))
     kopf.on.login(registry=registry, id="kubeconfig")(_bounded_login(kopf.login_with_kubeconfig))
     kopf.on.startup(registry=registry)(on_startup)
     kopf.on.cleanup(registry=registry)(on_cleanup)

@@ -250,7 +250,8 @@ async def serve(
     async def readyz(_: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ok\n")
-        return web.Response(status=503, text="not ready: the caches have not synced yet\n")
+        return web.Response(status=503,
+                            text="not ready: the caches have not synced or the webhook does not listen yet\n")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
