@@ -66,6 +66,12 @@ class FakeKubelet:
         self.port = site._server.sockets[0].getsockname()[1]
         self._ready.set()
         await self._stop.wait()
+        # Aborted, not closed: closing a TLS connection waits for the client's close_notify,
+        # which a client still running (the operator's) need not send before this loop ends,
+        # and the socket is then left open (a ResourceWarning in whichever test runs next).
+        for handler in runner.server.connections:
+            if handler.transport is not None:
+                handler.transport.abort()
         await runner.cleanup()
 
     def __enter__(self) -> "FakeKubelet":
