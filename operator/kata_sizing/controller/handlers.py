@@ -9,6 +9,7 @@ admission handler, for operators started with a webhook server (`operator --webh
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import dataclasses
 import logging
@@ -28,7 +29,7 @@ from .kinds import policy_key
 from .kube import KubeApi
 from .kubelet import DirectKubelets, KubeletOptions
 from .measurement import Clock, MeasurementLoop
-from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
+from .leader import LeaderElector, gate_kopf, install_kopf_gate, kopf_event_context, ungate_kopf
 from .plan import Ownership
 from .retry import REFUSED_RETRY_S, RETRY_BASE_S, RETRY_CAP_S, backoff_s
 from .state import OperatorState
@@ -136,7 +137,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         retry_cap_s=RETRY_CAP_S, name="passes", gate=leader.wait_leading if leader else None,
     )
     if leader is not None:
-        leader.listen(lambda leading: _leadership_changed(state, leading))
+        leader.listen(lambda leading: _leadership_changed(state, leading, settings))
     install_pod_routing(settings, state)
     state.measurement = _measurement_loop(state, memo)
     metrics.track_measurement(state.measurement)
@@ -316,14 +317,15 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
 # --- the queue: passes for drift events and for a new leader ----------------------------------
 
 
-def _start_queue(state: OperatorState) -> None:
-    """Started from the first pass, inside a kopf handler: the queue's tasks inherit the context
-    kopf.event() posts through. Before any pass there is no desired state to correct towards."""
+def _start_queue(state: OperatorState, context: contextvars.Context | None = None) -> None:
+    """Started from the first pass, inside a kopf handler, or when this replica becomes the
+    leader, in `context` (leader.kopf_event_context): the queue's tasks run where kopf.event()
+    posts. Before either there is no desired state to correct towards."""
     if state.work is not None and not any(t.get_name() == "pass-queue" for t in state.background):
-        state.background.append(asyncio.create_task(state.work.run(), name="pass-queue"))
+        state.background.append(asyncio.create_task(state.work.run(), name="pass-queue", context=context))
         if state.measurement is not None:
             # The same context: the measurement's HeadroomLow events are posted through it.
-            state.background.append(asyncio.create_task(state.measurement.run(), name="measurement"))
+            state.background.append(asyncio.create_task(state.measurement.run(), name="measurement", context=context))
 
 
 def _child_changed(state: OperatorState, key, before: dict | None, after: dict | None) -> None:
@@ -341,11 +343,16 @@ def _child_changed(state: OperatorState, key, before: dict | None, after: dict |
     state.enqueue_pass(desired.policy_name, "drift")
 
 
-async def _leadership_changed(state: OperatorState, leading: bool) -> None:
+async def _leadership_changed(state: OperatorState, leading: bool, settings: kopf.OperatorSettings) -> None:
     if leading:
-        # kopf resumes only policies it has not seen in this process: a replica that leads again
-        # would otherwise wait for the next resync to say what changed while the other one led.
+        # kopf resumes only policies it has not seen in this process (a validating webhook call
+        # counts as seeing one): a replica that leads again, or that served the webhook while it
+        # followed, would otherwise wait for the next resync to say what changed, and one that
+        # has never passed would have no queue running to pass at all.
         if state.work is not None:
+            context = kopf_event_context(settings)
+            if context is not None:
+                _start_queue(state, context)
             state.work.add(("leader",))
         return
     # Not the leader: it exports no policy gauges (the alerts sum them over replicas) and
