@@ -239,10 +239,13 @@ class OperatorCluster:
         self.emu = emu
         self._monkeypatch = monkeypatch
         self.operator = None
+        self.memo = None  # kopf's memo of the running operator (its caches, the measurement loop)
 
     def start(self, resync_s: float = 300, settings_hook: Callable[[Any], None] | None = None,
-              lease: Any = None):
-        """`lease`: a leader.LeaseOptions to run as one leader-elected replica."""
+              lease: Any = None, **memo: Any):
+        """`lease`: a leader.LeaseOptions to run as one leader-elected replica. Other keywords go
+        into kopf's memo (`kubelet`: a kubelet.KubeletOptions, `measurement_clock`: a
+        measurement.Clock)."""
         import kopf
 
         from kata_sizing.controller import handlers
@@ -252,7 +255,8 @@ class OperatorCluster:
         # build_registry() reads the interval, so a short one never leaks into other tests.
         self._monkeypatch.setattr(handlers, "RESYNC_INTERVAL_S", resync_s)
         self.operator = KopfThread(self.emu.kubeconfig, registry=handlers.build_registry(),
-                                   settings_hook=settings_hook, memo=kopf.Memo(lease=lease))
+                                   settings_hook=settings_hook, memo=kopf.Memo(lease=lease, **memo))
+        self.memo = self.operator.memo
         self.operator.start()
         return self.operator
 

@@ -188,6 +188,26 @@ def test_with_the_webhook_the_chart_installs_the_same_objects_as_the_overlay(hel
         assert chart[key] == obj, f"{key} differs between the chart and overlays/webhook/"
 
 
+def test_with_kubelet_access_through_the_api_server_the_chart_installs_the_overlay(helm: str) -> None:
+    chart = by_key([without_helm_labels(o) for o in template(
+        helm, "--include-crds", "--set", "namespace.create=true", "--set", "measurement.kubeletAccess=apiserver")])
+    overlay = by_key(kustomize(ROOT / "overlays" / "kubelet-via-apiserver"))
+    assert sorted(chart) == sorted(overlay)
+    for key, obj in overlay.items():
+        assert chart[key] == obj, f"{key} differs between the chart and overlays/kubelet-via-apiserver/"
+    rules = [r for r in overlay["ClusterRole", "kata-sizing"]["rules"] if any(x.startswith("nodes/") for x in r["resources"])]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]
+
+
+def test_kubelet_tls_verification_can_be_skipped_for_self_signed_kubelets(helm: str) -> None:
+    container = one(template(helm, "--set", "measurement.kubeletInsecureSkipTLSVerify=true"),
+                    "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    from kata_sizing.cli import build_parser
+
+    args = build_parser().parse_args(container["args"])
+    assert (args.kubelet_access, args.kubelet_insecure_skip_tls_verify) == ("direct", True)
+
+
 def test_without_create_the_namespace_is_helms_to_make(default_objects: list[dict]) -> None:
     assert "Namespace" not in {o["kind"] for o in default_objects}
     assert {o["metadata"].get("namespace") for o in default_objects if o["kind"] in
@@ -272,6 +292,8 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
     (["--set", "webhook.certManager.issuerRef.nmae=ca"], "additional properties 'nmae' not allowed"),
     (["--set", "image.digest=sha256:abc"], "at '/image/digest'"),
     (["--set-string", "replicas=2"], "at '/replicas': got string, want integer"),
+    (["--set", "measurement.kubeletAccess=proxy"], "at '/measurement/kubeletAccess'"),
+    (["--set-string", "measurement.kubeletInsecureSkipTLSVerify=yes"], "at '/measurement/kubeletInsecureSkipTLSVerify'"),
     # The templates: rules across values.
     (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false"],
      "webhook.caBundle is required"),
@@ -355,7 +377,8 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
     from tests.test_docs import anchors
 
     rules = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))
-    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady"}
+    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady",
+                          "KataSizingPodHeadroomLow"}
     sections = anchors((ROOT / "docs" / "operation.md").read_text())
     for name, rule in rules.items():
         url = rule["annotations"]["runbook_url"]
@@ -366,6 +389,13 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
                             "--set", "metrics.prometheusRule.runbookBaseURL=https://wiki.example/kata-sizing"))
     assert {r["annotations"]["runbook_url"] for r in moved.values()} == {
         f"https://wiki.example/kata-sizing#{name.lower()}" for name in rules}
+
+
+def test_the_headroom_alert_reads_the_gauge_the_measurement_exports(helm: str) -> None:
+    rule = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))["KataSizingPodHeadroomLow"]
+    assert rule["expr"] == "sum by (policy, class) (kata_sizing_pods_headroom_low) > 0"
+    assert "{{ $labels.policy }}" in rule["annotations"]["summary"]  # left for Prometheus to fill in
+    assert "kata_sizing_pods_headroom_low" in {m.name for m in metrics.REGISTRY.collect()}
 
 
 def test_the_operator_down_alert_looks_for_a_gauge_every_running_replica_exports(helm: str) -> None:

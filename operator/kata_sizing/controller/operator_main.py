@@ -159,7 +159,7 @@ def configure_logging(log_format: str) -> None:
 def run_operator(
     liveness: str | None, standalone: bool, namespace: str | None = None,
     webhook: WebhookOptions | None = None, metrics: MetricsOptions | None = None,
-    log_format: str = "text", lease=None,
+    log_format: str = "text", lease=None, kubelet=None,
 ) -> int:
     from .handlers import build_registry
 
@@ -184,6 +184,6 @@ def run_operator(
         # start-up on a real node (docs/testing.md).
         identity=lease.identity if lease is not None else default_identity(),
         # With a Lease the handlers start only once this replica holds it (see leader.py).
-        memo=kopf.Memo(lease=lease),
+        memo=kopf.Memo(lease=lease, kubelet=kubelet),
     ))
     return 0

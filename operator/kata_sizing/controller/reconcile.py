@@ -14,7 +14,8 @@ from typing import Protocol
 from . import metrics
 from .api_errors import Conflict, Invalid, NotFound
 from .execute import DONE, execute
-from .gather import gather
+from .gather import gather, policy_sizing
+from .measurement import measured_policy
 from .kinds import describe, policy_key
 from .plan import plan_deletion, plan_pass, policy_ref
 from .retry import CONFLICT_ATTEMPTS
@@ -36,6 +37,7 @@ class RetryLater(Exception):
 async def run_pass(
     state: OperatorState, body: dict, trigger: str, sink: EventSink, *, facts: tuple | None = None,
     findings: list | None = None, pods: list[dict] | None = None, landed: list[str] | None = None,
+    reread_survey: bool = True,
 ) -> Conclusion:
     """One pass of one policy. `landed` collects the writes as they land (the metrics' record of
     the pass, complete even when the pass fails). API errors propagate after the pass is
@@ -46,7 +48,12 @@ async def run_pass(
         # What this replica last wrote is the status (nobody else writes these fields), even
         # when the body kopf hands a timer is older than that write.
         body = {**body, "status": state.written_status[name]}
-    gathered = await gather(state, body, trigger, facts, findings, pods)
+    sizing = policy_sizing(state, body)
+    if sizing is not None and state.measurement is not None:
+        # What to measure follows the policy's last valid generation (an invalid one goes on
+        # measuring what its last valid one asked for).
+        state.measurement.configure(measured_policy(sizing, policy_ref(body)), name)
+    gathered = await gather(state, body, trigger, facts, findings, pods, reread_survey=reread_survey)
     plan = plan_pass(gathered)
     if plan.intent.desired is not None:
         state.desired.put(plan.intent.desired)  # before writing, so our own writes never look like drift

@@ -34,6 +34,9 @@ class Findings:
     nodes: dict | None = None
     unmanaged: list[dict] | None = None
     pod_audit: dict | None = None
+    # None leaves status.measurement / status.proposal as they were, {} removes them.
+    measurement: dict | None = None
+    proposal: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def class_status(sizing: PolicySizing) -> list[dict]:
 
 OWNED_STATUS_FIELDS = (
     "observedGeneration", "runtime", "classNames", "conditions", "classes", "warnings", "overhead", "nodes",
-    "unmanagedRuntimeClasses", "podAudit",
+    "unmanagedRuntimeClasses", "podAudit", "measurement", "proposal",
 )
 # status.podAudit lists at most this many pods (the counts cover them all): a status object
 # stays far below etcd's 1.5 MiB request limit whatever the number of pods breaking a rule.
@@ -201,6 +204,14 @@ def compute_status(body: Mapping, result: Findings, sizing: PolicySizing | None)
     pod_audit = result.pod_audit if result.pod_audit is not None else previous.get("podAudit")
     if pod_audit is not None:
         status["podAudit"] = pod_audit
+    for key, value in (("measurement", result.measurement), ("proposal", result.proposal)):
+        if value is None:
+            if previous.get(key) is not None:
+                status[key] = previous[key]
+        elif value:
+            status[key] = dict(value)
+        elif previous.get(key) is not None:
+            status[key] = None  # a merge patch's null removes the field
     return status
 
 
@@ -382,6 +393,8 @@ def conclude(gathered: Gathered, plan: Plan, outcome: Outcome) -> Conclusion:
                 f"{len(findings.unmanaged)} finding(s) on Kata RuntimeClasses no policy manages "
                 f"({len(errors)} error(s)); see status.unmanagedRuntimeClasses. First: "
                 f"{findings.unmanaged[0]['runtimeClass']}: {findings.unmanaged[0]['message']}")))
+    findings.measurement = dict(gathered.measurement) if gathered.measurement is not None else None
+    findings.proposal = dict(gathered.proposal) if gathered.proposal is not None else None
     if gathered.pod_findings is not None:
         findings.pod_audit = pod_audit_status(list(gathered.pod_findings))
         event = pod_audit_event(announcements, body, findings.pod_audit)

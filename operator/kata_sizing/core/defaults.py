@@ -216,3 +216,18 @@ KATA_NODE_LABEL = {"katacontainers.io/kata-runtime": "true"}
 NODE_SYSTEM_RESERVED = "4Gi"
 NODE_KUBE_RESERVED = "2Gi"
 NODE_EVICTION_HARD = "2Gi"
+
+# The measurement of running pods (docs/measurement.md).
+# [metrics-server]: it reads every kubelet once per --metric-resolution, 60 s by default, and
+# advises against less than the kubelet's own resolution; the kubelet refreshes its cAdvisor
+# figures every 10 s, stretched up to 15 s when nothing changes ([kubelet-cadvisor]:
+# pkg/kubelet/cadvisor/cadvisor_linux.go, defaultHousekeepingInterval, maxHousekeepingInterval).
+MEASUREMENT_INTERVAL_S = 60
+KUBELET_MAX_REFRESH_S = 15
+MEASUREMENT_MIN_INTERVAL_S = KUBELET_MAX_REFRESH_S
+# [metrics-server]: --kubelet-request-timeout, 10 s by default.
+KUBELET_REQUEST_TIMEOUT_S = 10
+# Project choice: 60 readings of each node at the default interval; what changes shows within the hour.
+MEASUREMENT_WINDOW_S = 3600
+# Project choice (issue 16): a VMM with less than a tenth of its podFixed left is close to an OOM kill.
+HEADROOM_WARNING = "10%"
