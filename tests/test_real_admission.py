@@ -245,7 +245,7 @@ def test_each_rule_with_each_action_as_kubectl_shows_it(fit_cluster, rule, actio
             assert cp.get(f"/api/v1/namespaces/{IN}/pods/{pod['metadata']['name']}") is None
         else:
             assert proc.returncode == 0, proc.stderr
-            assert (f"Warning: Validation failed" in proc.stderr and message in proc.stderr) == (action == "Warn")
+            assert ("Warning: Validation failed" in proc.stderr and message in proc.stderr) == (action == "Warn")
             stored = cp.get(f"/api/v1/namespaces/{IN}/pods/{pod['metadata']['name']}")
             assert stored is not None
             if action == "Audit":
