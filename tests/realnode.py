@@ -83,7 +83,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator_helpers import wait_for as poll
+from tests.operator_helpers import terminate, wait_for as poll
 from tests.realcluster import BINARY, KUBECTL, LOOPBACK, ApiError, ControlPlane, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -422,14 +422,8 @@ class Node:
 
     def _terminate(self, name: str) -> None:
         process = self.processes.get(name)
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            terminate(process)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         try:
