@@ -37,7 +37,7 @@ from tests.realcluster import (  # noqa: E402,F401
 )
 
 # ---- The real node (tests/realnode.py): `real_node`, `node_config`, `control_plane_address` ----
-from tests.realnode import NodeConfig, control_plane_address, host_problem, real_node  # noqa: E402,F401
+from tests.realnode import NodeConfig, control_plane_address, host_problem, node_namespace, real_node  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,18 @@ POLICY_PATH = re.compile(r"^/apis/katasizing\.dev/v1alpha1/katasizingpolicies/[^
 EVENT_PATH = re.compile(r"^/api/v1/namespaces/[^/]+/events|^/apis/events\.k8s\.io/")
 
 T = TypeVar("T")
+
+
+def terminate(process: subprocess.Popen, grace_s: float = 20) -> int:
+    """SIGTERM, then SIGKILL after `grace_s` seconds; the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 5, message: str | Callable[[], str] = "",

@@ -29,7 +29,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -40,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator_helpers import wait_for as poll
+from tests.operator_helpers import terminate, wait_for as poll
 
 ROOT = Path(__file__).resolve().parent.parent
 BINARY = ROOT / ".tools" / "controlplane"
@@ -140,13 +139,8 @@ class ControlPlane:
         }))
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            terminate(self.process, 30)
 
     def install(self) -> None:
         """What the README tells a user: `kubectl apply -k manifests/`, then wait for the CRD."""
@@ -322,13 +316,7 @@ class RealOperator:
         process, self.process = self.process, None
         if process is None:
             return None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        terminate(process)
         self._log_handle.close()
         return process.returncode
 

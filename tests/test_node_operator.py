@@ -42,22 +42,17 @@ CLASSES = {c["name"]: c for c in POLICY["spec"]["classes"]}
 GUIDANCE_CM = f"{NAME}-node-guidance"
 
 
+@pytest.fixture
+def namespace(node_namespace: str) -> str:
+    return node_namespace
+
+
 @pytest.fixture(scope="module")
 def release(real_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorRelease]:
     """The chart installed once for the module, the node tests' policy applied just before it
     (the operator finds it when it starts)."""
     with installed_release(real_node, tmp_path_factory.mktemp("release"), apply_first=[POLICY]) as release:
         yield release
-
-
-@pytest.fixture
-def namespace(real_node: Node, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-")
-    real_node.namespace(name)
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
 
 
 def policy(cp, name: str = NAME) -> dict:

@@ -9,8 +9,6 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from kata_sizing.core import defaults
 from kata_sizing.core.guidance import NodeFacts

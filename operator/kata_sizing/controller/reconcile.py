@@ -20,7 +20,7 @@ from .kinds import describe, policy_key
 from .plan import plan_deletion, plan_pass, policy_ref
 from .retry import CONFLICT_ATTEMPTS
 from .state import OperatorState
-from .status import Conclusion, conclude, status_changed
+from .status import Conclusion, conclude, status_changed, status_patch
 
 log = logging.getLogger("kata_sizing.reconcile")
 
@@ -74,12 +74,10 @@ async def run_pass(
     for field_name, increment in conclusion.counts.items():
         counts[field_name] = counts.get(field_name, 0) + increment
     if outcome.error is not None:
-        await flush_counts(state, name)
+        await write_status(state, name, None)  # the drift counts of what did land
         raise outcome.error
     metrics.policy_status(name, conclusion.status)
-    if status_changed(body, conclusion.status):
-        await _write_status(state, name, conclusion.status)
-    await flush_counts(state, name)
+    await write_status(state, name, conclusion.status if status_changed(body, conclusion.status) else None)
     if conclusion.retry_reason:
         raise RetryLater(conclusion.retry_reason)
     return conclusion
@@ -91,51 +89,36 @@ def remember_body(state: OperatorState, body: dict) -> None:
         state.policies[name] = body
 
 
-async def _write_status(state: OperatorState, name: str, status: dict) -> None:
-    try:
-        written = await state.api.patch_status(policy_key(name), {"status": status})
-    except NotFound:
-        return  # the policy is gone; nothing to report on
-    remember_body(state, written)
-    state.written_status[name] = written.get("status") or status
-
-
-async def flush_counts(state: OperatorState, name: str) -> None:
-    """Add the pending drift counts to status.driftCorrections/driftDetected: a JSON patch that
-    tests the value it read, re-read and retried on a lost race; the counts stay pending (and
-    the caller's pass is retried) rather than lost."""
+async def write_status(state: OperatorState, name: str, status: dict | None) -> None:
+    """Write a pass's status (None: unchanged) and its pending drift counts in one request: a
+    merge patch when there is nothing to count, else status.status_patch's JSON patch, which
+    tests the counters it read and is re-read and rebuilt on a lost race. The counts stay
+    pending (and the caller's pass is retried) rather than lost."""
     pending = {k: v for k, v in (state.pending_counts.get(name) or {}).items() if v}
-    if not pending:
+    if not pending and status is None:
         return
     body = state.policies.get(name)
     for _ in range(CONFLICT_ATTEMPTS):
-        if body is None:
+        if pending and body is None:
             body = await state.api.read(policy_key(name))
             if body is None:
                 state.pending_counts.pop(name, None)  # the policy is gone
                 return
-        status = body.get("status") or {}
-        if all(status.get(k) is not None for k in pending):
-            ops = [op for k, n in pending.items() for op in (
-                {"op": "test", "path": f"/status/{k}", "value": status[k]},
-                {"op": "replace", "path": f"/status/{k}", "value": status[k] + n})]
-        elif body.get("status"):
-            # A counter does not exist yet: guard on the whole status instead.
-            ops = [{"op": "test", "path": "/status", "value": status}] + [
-                {"op": "add", "path": f"/status/{k}", "value": (status.get(k) or 0) + n} for k, n in pending.items()]
-        else:
-            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"].get("resourceVersion")},
-                   {"op": "add", "path": "/status", "value": dict(pending)}]
+        patch = status_patch(body, status, pending) if pending else {"status": status}
         try:
-            written = await state.api.patch_status(policy_key(name), ops)
+            written = await state.api.patch_status(policy_key(name), patch)
         except (Conflict, Invalid):
+            if not pending:
+                raise
             body = None  # somebody else wrote the status since it was read
             continue
         except NotFound:
             state.pending_counts.pop(name, None)
-            return
+            return  # the policy is gone; nothing to report on
         state.pending_counts.pop(name, None)
         remember_body(state, written)
+        if status is not None:
+            state.written_status[name] = written.get("status") or status
         return
     raise Conflict(409, f"{describe(policy_key(name))}: the drift counters kept changing; "
                         f"{pending} kept for the next try")

@@ -220,6 +220,46 @@ def status_changed(body: Mapping, status: dict) -> bool:
     return any(previous.get(k) != status.get(k) for k in OWNED_STATUS_FIELDS)
 
 
+def merged(target, patch):
+    """`patch` applied to `target` as a JSON merge patch applies it (RFC 7386: null removes)."""
+    if not isinstance(patch, Mapping):
+        return patch
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged(result.get(key), value)
+    return result
+
+
+def status_patch(body: Mapping, status: Mapping | None, counts: Mapping[str, int]) -> list[dict]:
+    """One JSON patch of the status subresource that writes `status` (the fields a pass owns,
+    as its merge patch would write them over `body`'s status) and adds `counts` to the drift
+    counters, with `test` operations on the counters as `body` holds them: a concurrent
+    increment makes the server refuse the whole patch (re-read and build it again), so no
+    count is lost or added twice (docs/operation.md: Status)."""
+    previous = body.get("status") or {}
+    fields = dict(status or {})
+    if not previous:
+        whole = merged({}, fields)
+        for key, n in counts.items():
+            whole[key] = whole.get(key, 0) + n
+        return [{"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"].get("resourceVersion")},
+                {"op": "add", "path": "/status", "value": whole}]
+    if all(previous.get(key) is not None for key in counts):
+        ops = [{"op": "test", "path": f"/status/{key}", "value": previous[key]} for key in counts]
+    else:
+        ops = [{"op": "test", "path": "/status", "value": previous}]  # a counter does not exist yet
+    for key, value in fields.items():
+        if value is not None:
+            ops.append({"op": "add", "path": f"/status/{key}", "value": merged(previous.get(key), value)})
+        elif key in previous:
+            ops.append({"op": "remove", "path": f"/status/{key}"})
+    ops += [{"op": "add", "path": f"/status/{key}", "value": (previous.get(key) or 0) + n} for key, n in counts.items()]
+    return ops
+
+
 
 
 # --- concluding a pass --------------------------------------------------------------------

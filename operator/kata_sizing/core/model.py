@@ -24,9 +24,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-import yaml
 
-from . import bounded, defaults, yamlgo
+from . import bounded, defaults
 from .defaults import Runtime
 from .headroom import HeadroomThreshold
 from .kubegrammar import (
@@ -35,6 +34,7 @@ from .kubegrammar import (
 )
 from .quantity import QuantityError, cpu_cores, memory_bytes
 from .rules import MAX_VCPUS
+from .yamlout import reads_as_string_in_go
 
 GROUP = "katasizing.dev"
 VERSION = "v1alpha1"
@@ -937,9 +937,9 @@ class KataSizingPolicy(_Model):
                     f"{source}: RuntimeClass/handler {name!r} is {len(name)} characters; "
                     "a handler is a DNS label of at most 63"
                 )
-            if not isinstance(yaml.safe_load(name), str) or yamlgo.resolve(name)[0] != yamlgo.STR_TAG:
-                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date
-                # (PyYAML), 1e-5 a number (go-yaml, Helm's reader).
+            if not reads_as_string_in_go(name):
+                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date,
+                # 1e-5 a number (go-yaml, Helm's reader).
                 raise ValueError(
                     f"{source}: RuntimeClass/handler {name!r} would read as a number or date "
                     "in YAML; start the prefix with a letter"
