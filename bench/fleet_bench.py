@@ -87,7 +87,7 @@ def requests_per_reconcile(report: Report, counts: tuple[int, ...], latency_s: f
                          ("runtimeclasses", "configmaps")]
                 report(f"requests for one policy's spec change, {count} policies{suffix}",
                        str(len(calls)), "constant", "")
-                report(f"  of which lists of RuntimeClasses or ConfigMaps", str(len(lists)), "0", _verdict(not lists))
+                report("  of which lists of RuntimeClasses or ConfigMaps", str(len(lists)), "0", _verdict(not lists))
 
 
 # --- realistic pods ---------------------------------------------------------------------------

@@ -70,13 +70,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def operator_process(kubeconfig: Path, log_path: Path, **env_overrides: str) -> Iterator[subprocess.Popen]:
+def operator_process(kubeconfig: Path, log_path: Path, *args: str, **env_overrides: str) -> Iterator[subprocess.Popen]:
     port = free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), **env_overrides}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [str(ROOT / ".venv/bin/kata-sizing"), "operator", "--standalone",
-             "--liveness", f"http://127.0.0.1:{port}/healthz"],
+             "--liveness", f"http://127.0.0.1:{port}/healthz", *args],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     try:

@@ -159,6 +159,9 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "paramkind": _external("bench.paramkind_bench", "bench_paramkind"),
     # The operator's image (`make image`): start-up in it, with and without bytecode.
     "image": _external("bench.image_bench", "bench_image"),
+    "measurement": _external("bench.measurement_bench", "bench_measurement"),
+    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover.
+    "node": _external("bench.node_bench", "bench_node"),
 }
 
 

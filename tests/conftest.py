@@ -37,4 +37,15 @@ from tests.realcluster import (  # noqa: E402,F401
 )
 
 # ---- The real node (tests/realnode.py): `real_node`, `node_config`, `control_plane_address` ----
-from tests.realnode import control_plane_address, node_config, real_node  # noqa: E402,F401
+from tests.realnode import NodeConfig, control_plane_address, host_problem, node_namespace, real_node  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def node_config() -> NodeConfig:
+    """The session's node: its kubelet with the reservations the operator's node guidance gives
+    for this machine, its containerd with runc behind the node tests' policy handlers
+    (tests/nodeoperator.py; tests/test_node_operator.py checks the node against that guidance).
+    Where no node can run, the default (`real_node` then skips with the reason)."""
+    from tests.nodeoperator import guided_node_config
+
+    return NodeConfig() if host_problem() is not None else guided_node_config()

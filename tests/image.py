@@ -93,7 +93,9 @@ def chart_run_options() -> list[str]:
     options: list[str] = []
     user, group = context.pop("runAsUser", None), context.pop("runAsGroup", None)
     if user is not None:
-        options += ["--user", f"{user}:{group}" if group is not None else str(user)]
+        # podman adds an /etc/passwd entry for a user the image lacks; the kubelet does not (kopf
+        # named itself from that entry and the operator died on the real node's first start).
+        options += ["--user", f"{user}:{group}" if group is not None else str(user), "--passwd=false"]
     # runAsNonRoot: the kubelet refuses to start a container whose user is 0 or not numeric;
     # podman has no such check, so the tests assert the image's user and the running UID.
     context.pop("runAsNonRoot", None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,18 @@ POLICY_PATH = re.compile(r"^/apis/katasizing\.dev/v1alpha1/katasizingpolicies/[^
 EVENT_PATH = re.compile(r"^/api/v1/namespaces/[^/]+/events|^/apis/events\.k8s\.io/")
 
 T = TypeVar("T")
+
+
+def terminate(process: subprocess.Popen, grace_s: float = 20) -> int:
+    """SIGTERM, then SIGKILL after `grace_s` seconds; the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 5, message: str | Callable[[], str] = "",
@@ -239,10 +253,13 @@ class OperatorCluster:
         self.emu = emu
         self._monkeypatch = monkeypatch
         self.operator = None
+        self.memo = None  # kopf's memo of the running operator (its caches, the measurement loop)
 
     def start(self, resync_s: float = 300, settings_hook: Callable[[Any], None] | None = None,
-              lease: Any = None):
-        """`lease`: a leader.LeaseOptions to run as one leader-elected replica."""
+              lease: Any = None, **memo: Any):
+        """`lease`: a leader.LeaseOptions to run as one leader-elected replica. Other keywords go
+        into kopf's memo (`kubelet`: a kubelet.KubeletOptions, `measurement_clock`: a
+        measurement.Clock)."""
         import kopf
 
         from kata_sizing.controller import handlers
@@ -252,7 +269,8 @@ class OperatorCluster:
         # build_registry() reads the interval, so a short one never leaks into other tests.
         self._monkeypatch.setattr(handlers, "RESYNC_INTERVAL_S", resync_s)
         self.operator = KopfThread(self.emu.kubeconfig, registry=handlers.build_registry(),
-                                   settings_hook=settings_hook, memo=kopf.Memo(lease=lease))
+                                   settings_hook=settings_hook, memo=kopf.Memo(lease=lease, **memo))
+        self.memo = self.operator.memo
         self.operator.start()
         return self.operator
 

@@ -29,7 +29,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -40,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator_helpers import wait_for as poll
+from tests.operator_helpers import terminate, wait_for as poll
 
 ROOT = Path(__file__).resolve().parent.parent
 BINARY = ROOT / ".tools" / "controlplane"
@@ -87,6 +86,7 @@ class AuditEvent:
     code: int
     uri: str
     user_agent: str = ""  # replicas name themselves here (kata-sizing/<identity>)
+    source_ips: tuple[str, ...] = ()  # where the request came from (a pod's IP when run in a pod)
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -139,13 +139,8 @@ class ControlPlane:
         }))
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            terminate(self.process, 30)
 
     def install(self) -> None:
         """What the README tells a user: `kubectl apply -k manifests/`, then wait for the CRD."""
@@ -244,8 +239,9 @@ class ControlPlane:
         except FileNotFoundError:
             return 0
 
-    def operator_requests(self, since: int = 0) -> list[AuditEvent]:
-        """Every completed request made with the operator's identity, from byte `since` on."""
+    def operator_requests(self, since: int = 0, user: str = OPERATOR_USER) -> list[AuditEvent]:
+        """Every completed request made with the operator's identity (or `user`, another
+        ServiceAccount's), from byte `since` on."""
         try:
             with self.audit_path.open("rb") as f:
                 f.seek(since)
@@ -259,7 +255,7 @@ class ControlPlane:
             stage = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
             if entry.get("stage") not in (stage, "Panic"):
                 continue
-            if (entry.get("user") or {}).get("username") != OPERATOR_USER:
+            if (entry.get("user") or {}).get("username") != user:
                 continue
             ref = entry.get("objectRef") or {}
             resource = ref.get("resource", "")
@@ -269,11 +265,12 @@ class ControlPlane:
                 verb=entry["verb"], group=ref.get("apiGroup", ""), resource=resource,
                 namespace=ref.get("namespace", ""), name=ref.get("name", ""),
                 code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", ""),
-                user_agent=entry.get("userAgent", "")))
+                user_agent=entry.get("userAgent", ""), source_ips=tuple(entry.get("sourceIPs") or ())))
         return events
 
-    def operator_writes(self, since: int = 0, resource: str | None = None) -> list[AuditEvent]:
-        return [e for e in self.operator_requests(since)
+    def operator_writes(self, since: int = 0, resource: str | None = None,
+                        user: str = OPERATOR_USER) -> list[AuditEvent]:
+        return [e for e in self.operator_requests(since, user)
                 if e.verb in WRITE_VERBS and (resource is None or e.resource == resource)]
 
 
@@ -319,13 +316,7 @@ class RealOperator:
         process, self.process = self.process, None
         if process is None:
             return None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        terminate(process)
         self._log_handle.close()
         return process.returncode
 

@@ -30,6 +30,7 @@ Fixtures (wired in tests/conftest.py):
   Top-level keys of `kubelet_config` replace the defaults of `kubelet_configuration()`;
   `evictionHard` defaults to only `memory.available: 100Mi` (the kubelet's own default), so
   the disk of a CI machine never evicts a test pod.
+- `node_namespace`: a namespace named after the test, deleted (its pods stopped) afterwards.
 - `control_plane_address` (session): what `control_plane` binds to; the node's address when
   the session has node tests and this machine can run the node, else 127.0.0.1.
 
@@ -66,6 +67,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -81,7 +83,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator_helpers import wait_for as poll
+from tests.operator_helpers import terminate, wait_for as poll
 from tests.realcluster import BINARY, KUBECTL, LOOPBACK, ApiError, ControlPlane, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -389,6 +391,10 @@ class Node:
     def _drain(self, timeout: float = 90) -> None:
         selector = urllib.parse.quote(f"spec.nodeName={NODE_NAME}")
         pods = f"/api/v1/pods?fieldSelector={selector}"
+        # Cordoned first, as `kubectl drain` does: the pods a Deployment replaces (the operator's
+        # chart) stay Pending instead of landing on the node again (the drain waited out its
+        # timeout until it did this).
+        self.cp.merge_patch(f"/api/v1/nodes/{NODE_NAME}", {"spec": {"unschedulable": True}})
         for pod in self.cp.request("GET", pods)["items"]:
             meta = pod["metadata"]
             with contextlib.suppress(ApiError):
@@ -416,14 +422,8 @@ class Node:
 
     def _terminate(self, name: str) -> None:
         process = self.processes.get(name)
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            terminate(process)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         try:
@@ -686,3 +686,14 @@ def real_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
             began = time.monotonic()
             node.stop()
             print(f"\nnode {node.name} stopped and its host state removed in {time.monotonic() - began:.1f}s")
+
+
+@pytest.fixture
+def node_namespace(real_node: Node, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the test's own name on the real node, its pods stopped afterwards."""
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-")
+    real_node.namespace(name)
+    try:
+        yield name
+    finally:
+        real_node.delete_namespace(name)

@@ -147,7 +147,7 @@ def test_a_parsed_body_is_bounded_too() -> None:
 
 
 @pytest.mark.parametrize("line, message", [
-    ("50,306,197," + "9" * 200000, "longer than 512"),
+    ("50,306,197," + "9" * 200000, "longer than 1024"),
     ("50,306,197," + "9" * 100, "longer than 32 characters"),
     ("50,306,197,\x00", None),
 ])

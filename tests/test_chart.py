@@ -125,9 +125,9 @@ def test_the_charts_crd_is_the_generated_one() -> None:
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
-def test_every_rendered_object_is_valid_for_kubernetes(all_objects: list[dict], version: str) -> None:
+def test_every_rendered_object_is_valid_for_kubernetes(helm: str, version: str) -> None:
     checked, problems = 0, []
-    for obj in all_objects:
+    for obj in template(helm, "--include-crds", "--kube-version", version, *EVERYTHING_ON):
         if obj["apiVersion"].split("/")[0] in CUSTOM_GROUPS:
             continue
         try:
@@ -188,6 +188,26 @@ def test_with_the_webhook_the_chart_installs_the_same_objects_as_the_overlay(hel
         assert chart[key] == obj, f"{key} differs between the chart and overlays/webhook/"
 
 
+def test_with_kubelet_access_through_the_api_server_the_chart_installs_the_overlay(helm: str) -> None:
+    chart = by_key([without_helm_labels(o) for o in template(
+        helm, "--include-crds", "--set", "namespace.create=true", "--set", "measurement.kubeletAccess=apiserver")])
+    overlay = by_key(kustomize(ROOT / "overlays" / "kubelet-via-apiserver"))
+    assert sorted(chart) == sorted(overlay)
+    for key, obj in overlay.items():
+        assert chart[key] == obj, f"{key} differs between the chart and overlays/kubelet-via-apiserver/"
+    rules = [r for r in overlay["ClusterRole", "kata-sizing"]["rules"] if any(x.startswith("nodes/") for x in r["resources"])]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]
+
+
+def test_kubelet_tls_verification_can_be_skipped_for_self_signed_kubelets(helm: str) -> None:
+    container = one(template(helm, "--set", "measurement.kubeletInsecureSkipTLSVerify=true"),
+                    "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    from kata_sizing.cli import build_parser
+
+    args = build_parser().parse_args(container["args"])
+    assert (args.kubelet_access, args.kubelet_insecure_skip_tls_verify) == ("direct", True)
+
+
 def test_without_create_the_namespace_is_helms_to_make(default_objects: list[dict]) -> None:
     assert "Namespace" not in {o["kind"] for o in default_objects}
     assert {o["metadata"].get("namespace") for o in default_objects if o["kind"] in
@@ -233,6 +253,21 @@ def test_the_deployments_args_parse_with_the_real_cli(helm: str) -> None:
     assert (args.metrics_port, args.webhook_port, args.log_format) == (ports["metrics"], ports["webhook"], "json")
 
 
+@pytest.mark.parametrize(("kube_version", "reviewed_only_on_spec_change"), [("1.27", False), ("1.28", True),
+                                                                          ("1.37", True)])
+def test_the_webhook_is_called_only_for_spec_changes_where_the_server_can_say_so(
+        helm: str, kube_version: str, reviewed_only_on_spec_change: bool) -> None:
+    """kopf's finalizer and annotation patches must not wait for the webhook (on the real node they
+    failed with 500 until its Service answered): matchConditions, from 1.28."""
+    (hook,) = one(template(helm, "--kube-version", kube_version, *EVERYTHING_ON),
+                  "ValidatingWebhookConfiguration")["webhooks"]
+    conditions = hook.get("matchConditions")
+    assert bool(conditions) is reviewed_only_on_spec_change
+    if conditions:
+        assert conditions == yaml.safe_load((ROOT / "overlays/webhook/validatingwebhookconfiguration.yaml").read_text())[
+            "webhooks"][0]["matchConditions"]
+
+
 def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
     objects = template(helm, "--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false",
                        "--set", "webhook.caBundle=Q0FCVU5ETEU=", "--set", "webhook.tlsSecretName=my-tls")
@@ -257,6 +292,8 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
     (["--set", "webhook.certManager.issuerRef.nmae=ca"], "additional properties 'nmae' not allowed"),
     (["--set", "image.digest=sha256:abc"], "at '/image/digest'"),
     (["--set-string", "replicas=2"], "at '/replicas': got string, want integer"),
+    (["--set", "measurement.kubeletAccess=proxy"], "at '/measurement/kubeletAccess'"),
+    (["--set-string", "measurement.kubeletInsecureSkipTLSVerify=yes"], "at '/measurement/kubeletInsecureSkipTLSVerify'"),
     # The templates: rules across values.
     (["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false"],
      "webhook.caBundle is required"),
@@ -340,7 +377,8 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
     from tests.test_docs import anchors
 
     rules = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))
-    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady"}
+    assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady",
+                          "KataSizingPodHeadroomLow"}
     sections = anchors((ROOT / "docs" / "operation.md").read_text())
     for name, rule in rules.items():
         url = rule["annotations"]["runbook_url"]
@@ -351,6 +389,13 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
                             "--set", "metrics.prometheusRule.runbookBaseURL=https://wiki.example/kata-sizing"))
     assert {r["annotations"]["runbook_url"] for r in moved.values()} == {
         f"https://wiki.example/kata-sizing#{name.lower()}" for name in rules}
+
+
+def test_the_headroom_alert_reads_the_gauge_the_measurement_exports(helm: str) -> None:
+    rule = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))["KataSizingPodHeadroomLow"]
+    assert rule["expr"] == "sum by (policy, class) (kata_sizing_pods_headroom_low) > 0"
+    assert "{{ $labels.policy }}" in rule["annotations"]["summary"]  # left for Prometheus to fill in
+    assert "kata_sizing_pods_headroom_low" in {m.name for m in metrics.REGISTRY.collect()}
 
 
 def test_the_operator_down_alert_looks_for_a_gauge_every_running_replica_exports(helm: str) -> None:

@@ -103,6 +103,15 @@ def test_render_with_node_capacity_adds_guidance(capsys):
     assert document["devShm"]["fstab"] == "none /dev/shm tmpfs defaults,nosuid,nodev,size=248g 0 0"
 
 
+def test_render_for_a_kubelet_version_gives_the_feature_gates_it_needs(capsys):
+    code, out, _ = run(capsys, "render", ROOT / "examples" / "qemu-runtime-rs.yaml",
+                       "--node-capacity", "256Gi", "--kubelet-version", "v1.37.2", "-o", "json")
+    assert code == 0
+    (guidance,) = [o for o in json.loads(out)["items"] if o["metadata"]["name"] == "qemu-rs-node-guidance"]
+    document = yaml.safe_load(guidance["data"]["capacity-256gi.yaml"])
+    assert document["kubeletConfiguration"]["featureGates"] == {"InPlacePodLevelResourcesVerticalScaling": False}
+
+
 def test_render_managed_by_kata_deploy_says_why_runtime_classes_are_missing(capsys):
     code, out, err = run(capsys, "render", ROOT / "examples" / "clh-snp-go.yaml")
     assert code == 0
@@ -382,6 +391,13 @@ def test_explain_bad_limits_exit_1(capsys, argv, expected):
     code, _, err = run(capsys, "explain", ROOT / "examples" / "measured-classes.yaml", "--class", "m", *argv)
     assert code == 1
     assert _lines(err) == [expected]
+
+
+def test_render_bad_kubelet_version_exits_1(capsys):
+    code, _, err = run(capsys, "render", ROOT / "examples" / "qemu-runtime-rs.yaml", "--node-capacity", "8Gi",
+                       "--kubelet-version", "latest")
+    assert code == 1
+    assert _lines(err) == ["error: --kubelet-version: 'latest' is not a Kubernetes version (examples: v1.37.2, 1.36.4)"]
 
 
 def test_render_bad_node_capacity_exits_1(capsys):

@@ -32,7 +32,6 @@ from kata_sizing.core.model import parse_policy
 from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes
 from kata_sizing.core.render import render_policy
 from kata_sizing.core.rules import KataConfig, Severity, read_drop_in
-from kata_sizing.core.sizing import size_policy
 from tests import apiserver_grammar as grammar
 from tests.test_properties import SCALAR_FIELDS, scalars, valid_policies
 

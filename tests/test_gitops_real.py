@@ -25,7 +25,7 @@ from tests.realcluster import (
     CRD_NAME, POLICIES, REQUIRE_ENV, ControlPlane, RealOperator, poll, require_binary,
 )
 from tests.test_chart import CHART, EVERYTHING_ON, find_tool
-from tests.test_gitops import ARGOCD, FLUX, GITOPS, ROOT, documents, objects, wave
+from tests.test_gitops import ARGOCD, FLUX, ROOT, documents, objects, wave
 
 pytestmark = pytest.mark.realserver
 

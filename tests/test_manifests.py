@@ -72,6 +72,8 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
         "validatingadmissionpolicies", "validatingadmissionpolicybindings",
         "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
     ("", "namespaces"): ("get",),
+    # The measurement's Summaries, authorized by each kubelet (docs/measurement.md).
+    ("", "nodes/stats"): ("get",),
 }
 
 

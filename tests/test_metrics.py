@@ -233,3 +233,21 @@ def test_readyz_is_503_until_ready_then_200():
         return first[0], second[0]
 
     assert asyncio.run(scenario()) == (503, 200)
+
+
+def test_the_webhook_server_says_whether_it_listens_for_readyz():
+    """/readyz waits for the webhook server too (install_metrics' webhook_listening): kopf opens
+    it only after its first API scan, and the webhook Service must not send reviews before."""
+    from kata_sizing.controller.operator_main import BoundedWebhookServer
+
+    async def scenario() -> tuple[bool, bool]:
+        server = BoundedWebhookServer(addr="127.0.0.1", port=free_port(), insecure=True)
+        before = server.listening
+        serving = server(lambda *_, **__: None)
+        await serving.__anext__()  # kopf's server has started its site and hands out its config
+        try:
+            return before, server.listening
+        finally:
+            await serving.aclose()
+
+    assert asyncio.run(scenario()) == (False, True)

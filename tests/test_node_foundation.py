@@ -15,7 +15,6 @@ for Kata (containerd maps the class's handler to runc).
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,13 +47,8 @@ def millicores(quantity: str) -> int:
 
 
 @pytest.fixture
-def namespace(real_node: Node, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-")
-    real_node.namespace(name)
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
+def namespace(node_namespace: str) -> str:
+    return node_namespace
 
 
 @pytest.fixture

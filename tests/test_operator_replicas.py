@@ -21,7 +21,7 @@ from kata_sizing.controller.leader import LeaseOptions
 from tests.harness import KopfThread
 from tests.operator_helpers import (
     LEASE_PATH, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example, pod_fixed, runtime_classes,
-    settle, stays, wait_for, wait_observed,
+    settle, stays, terminate, wait_for, wait_observed,
 )
 
 pytestmark = pytest.mark.emulator
@@ -149,13 +149,7 @@ def test_a_leader_killed_mid_reconcile_is_replaced_and_nothing_is_made_twice(clu
         assert all(i > lease_taken for i in b_writes if not LEASE_PATH.search(log[i].path))
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc, 15)
     for proc, name in zip(procs[1:], ["b"]):
         text = (tmp_path / f"{name}.log").read_text()
         assert "connector is None" not in text and "Traceback" not in text, text[-3000:]

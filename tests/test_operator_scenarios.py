@@ -16,7 +16,7 @@ from tests.operator_helpers import (
     handler_runs,
     CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RC_PATH, RUNTIME_CLASSES, STATUS_PATH,
     condition, conditions, config_maps, counter, describe_writes, edit, event_messages, events,
-    example, explicit_classes_policy, get_cm, get_rc, named, observed, pod_fixed, policy,
+    example, explicit_classes_policy, get_cm, get_rc, named, pod_fixed, policy,
     runtime_classes, settle, status, stays, update_spec, versions, wait_for, wait_observed, writes,
 )
 

@@ -4,10 +4,7 @@ table through the CEL on the real API server and compares the two verdicts pod b
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import yaml

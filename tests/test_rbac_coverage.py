@@ -27,6 +27,9 @@ Triple = tuple[str, str, str]  # (apiGroup, resource, verb); "" is the core grou
 
 # Application grants the scenario cannot exercise, each with the reason it is still needed.
 NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
+    ("", "nodes/stats", "get"): "the measurement reads Summaries on each kubelet's own port and the kubelet, not the "
+                                "API server, asks whether the operator may (a SubjectAccessReview for get nodes/stats); "
+                                "tests/test_real_measurement.py shows the real kubelet granting it and refusing it to a ServiceAccount without it",
     ("", "namespaces", "get"): "the routing webhook reads an opted-in namespace's label; this scenario runs no "
                                "webhook (tests/test_real_admission_operator.py exercises it on the real server)",
     ("katasizing.dev", "katasizingpolicies", "get"): (
@@ -50,7 +53,8 @@ def request_triple(method: str, path: str, query: dict) -> Triple | None:
         rest = rest[2:]  # a namespaced resource: /namespaces/<ns>/<resource>/...
     resource, name, subresource = rest[0], (rest[1] if len(rest) > 1 else None), rest[2:]
     if subresource:
-        resource = f"{resource}/{'/'.join(subresource)}"
+        # nodes/NAME/proxy/stats/summary is the subresource proxy: the rest is its path.
+        resource = f"{resource}/{subresource[0] if subresource[0] == 'proxy' else '/'.join(subresource)}"
     watch = query.get("watch") in ("true", "1")
     verb = {
         "GET": "watch" if watch else ("get" if name else "list"),
@@ -78,6 +82,7 @@ def request_triple(method: str, path: str, query: dict) -> Triple | None:
      ("katasizing.dev", "katasizingpolicies/status", "patch")),
     ("DELETE", "/apis/node.k8s.io/v1/runtimeclasses/x", {}, ("node.k8s.io", "runtimeclasses", "delete")),
     ("PUT", "/apis/node.k8s.io/v1/runtimeclasses/x", {}, ("node.k8s.io", "runtimeclasses", "update")),
+    ("GET", "/api/v1/nodes/n1/proxy/stats/summary", {}, ("", "nodes/proxy", "get")),
 ])
 def test_request_triples(method, path, query, expected):
     assert request_triple(method, path, query) == expected

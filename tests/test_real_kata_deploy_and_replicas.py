@@ -22,7 +22,7 @@ from tests.realcluster import (
 )
 from tests.test_metrics import get, samples
 from tests.test_real_operator import (
-    NAMESPACE, cm_path, create_ready, pod_fixed, qemu_rs, quiet, rc_path, runtime_classes, wait_observed,
+    NAMESPACE, cm_path, pod_fixed, qemu_rs, quiet, rc_path, runtime_classes, wait_observed,
 )
 
 pytestmark = pytest.mark.realserver

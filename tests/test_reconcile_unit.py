@@ -718,6 +718,18 @@ def test_a_counter_update_that_lost_a_race_is_retried_and_the_count_is_exact():
     assert len(patches) == 2 and patches[-1][0] == {"op": "test", "path": "/status/driftCorrections", "value": 3}
 
 
+def test_a_pass_that_corrects_drift_and_changes_status_writes_the_status_once():
+    api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
+    classes = copy.deepcopy(api.policy["status"]["classes"])
+    for body in (api.objects[policy_key(NAME)], state.policies[NAME]):
+        del body["status"]["classes"]  # a status the pass must write again
+    state.written_status.pop(NAME, None)
+    _edit(api, ("RuntimeClass", None, "kata-qemu-rs-m"), _pod_fixed_1mi)
+    run(pass_of(state, "drift"))
+    assert [c[0] for c in api.writes] == ["replace", "patch_status"]  # the object, then status and counter together
+    assert api.policy["status"]["classes"] == classes and api.policy["status"]["driftCorrections"] == 1
+
+
 def test_ten_hand_edits_in_a_row_count_ten_whatever_the_passes_between_them():
     api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
     names = ["kata-qemu-rs-s", "kata-qemu-rs-m", "kata-qemu-rs-l", "kata-qemu-rs-xl"]

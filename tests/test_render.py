@@ -9,8 +9,6 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from kata_sizing.core import defaults
 from kata_sizing.core.guidance import NodeFacts
@@ -363,6 +361,59 @@ def test_infra_pod_memory_shrinks_dev_shm():
     assert document["infraPodMemory"] == "1536Mi"
     assert "byCpu" not in document["vmsPerClass"]["s"]
     assert not any("infraPodMemory is auto" in w for w in document["warnings"])
+
+
+def test_the_infra_pods_cpu_requests_come_off_the_cpu_a_class_fits_in():
+    """The scheduler counts every pod's CPU request against allocatable: on a 2-CPU node whose
+    infra pods request 100m, a class of 250m + podFixed 250m fits 3 times, not 4 (the real
+    node of tests/test_node_operator.py admitted 3)."""
+    from decimal import Decimal
+
+    policy = _policy({"shim": "qemu-runtime-rs", "classes": [{"name": "m", "cpu": "250m", "memory": "1Gi"}]})
+    node = _node("24Gi", "2", allocatable_cpu=Decimal(2), infra_pod_memory_bytes=320 * MIB)
+    assert _guidance(policy, node)[2]["vmsPerClass"]["m"]["byCpu"] == 4
+    crowded = _node("24Gi", "2", allocatable_cpu=Decimal(2), infra_pod_memory_bytes=320 * MIB,
+                    infra_pod_cpu=Decimal("0.1"))
+    assert _guidance(policy, crowded)[2]["vmsPerClass"]["m"]["byCpu"] == 3
+    # Infra pods asking for more CPU than the node has leave no room, not a negative count.
+    full = _node("24Gi", "2", allocatable_cpu=Decimal(2), infra_pod_cpu=Decimal(3))
+    assert _guidance(policy, full)[2]["vmsPerClass"]["m"] == {
+        **_guidance(policy, full)[2]["vmsPerClass"]["m"], "byCpu": 0, "fit": 0}
+
+
+@pytest.mark.parametrize(("kubelet_version", "gates"), [
+    ("v1.37.2", {"InPlacePodLevelResourcesVerticalScaling": False}),
+    ("v1.37.0-eks-4f1b2c", {"InPlacePodLevelResourcesVerticalScaling": False}),
+    ("v1.36.4", None),  # reports the pod-level field but does not read it back
+    ("v1.38.0", None),
+    (None, None),
+])
+def test_a_kubelet_that_charges_pod_fixed_twice_gets_the_feature_gate_that_stops_it(kubelet_version, gates):
+    """kubernetes/kubernetes#139627: from v1.37 the scheduler and the kubelet charge a running
+    pod its overhead twice while InPlacePodLevelResourcesVerticalScaling is on (the real node of
+    tests/test_node_operator.py admitted 3 pods of a class where 5 fit); the guidance's kubelet
+    configuration turns the gate off for such kubelets, and says why."""
+    node = _node("256Gi", "64", kubelet_version=kubelet_version)
+    _, group, document, summary = _guidance(_policy({"shim": "qemu-runtime-rs"}), node)
+    assert document["kubeletConfiguration"].get("featureGates") == gates
+    if gates:
+        (reason,) = document["featureGateReasons"]
+        assert reason.startswith(f"kubelet {kubelet_version} charges a running pod its podFixed twice")
+        assert "kubernetes/kubernetes#139627" in reason and f"kubelet featureGates: {reason}" in summary
+    else:
+        assert "featureGateReasons" not in document and "featureGates" not in summary
+
+
+def test_nodes_whose_kubelets_need_other_gates_are_guided_apart():
+    from kata_sizing.core.guidance import node_guidance
+    from kata_sizing.core.sizing import size_policy
+
+    policy = _policy({"shim": "qemu-runtime-rs"})
+    nodes = [NodeFacts("old", 256 * GIB, kubelet_version="v1.36.4"), NodeFacts("new", 256 * GIB, kubelet_version="v1.37.2"),
+             NodeFacts("newer", 256 * GIB, kubelet_version="v1.37.1")]
+    groups, _ = node_guidance(size_policy(policy), nodes)
+    assert sorted((g.nodes, g.kubelet_feature_gates) for g in groups) == [
+        (["new", "newer"], (("InPlacePodLevelResourcesVerticalScaling", False),)), (["old"], ())]
 
 
 def test_auto_infra_pod_memory_offline_says_so():

@@ -12,7 +12,6 @@ import urllib.request
 import uuid
 
 import pytest
-import yaml
 
 from kata_sizing.controller.policy_webhook import ROUTE_POD_PATH_ID, pod_to_route, review_response
 from kata_sizing.controller.handlers import routes_through_webhook

@@ -270,7 +270,7 @@ def test_a_released_lease_is_taken_at_once():
 
 def test_a_leader_that_cannot_renew_within_the_deadline_steps_down():
     async def scenario():
-        api, clock = FakeLeases(), Clock()
+        api = FakeLeases()
         options = LeaseOptions(namespace="ns", identity="a", lease_duration_s=0.3, renew_deadline_s=0.2,
                                retry_period_s=0.02)
         a = LeaderElector(api, options)

@@ -102,6 +102,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     _flag("--node-name", args.node_name)
     policies = load_policies(args.policy)
+    if args.proposal:
+        return _render_proposal(policies, args)
     nodes = None
     if args.node_capacity:
         from .core.guidance import NodeFacts
@@ -111,6 +113,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             capacity_memory_bytes=_limit("--node-capacity", args.node_capacity, memory_bytes),
             capacity_cpu=_limit("--node-cpu", args.node_cpu, cpu_cores),
             infra_pod_memory_bytes=_limit("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
+            kubelet_version=_kubelet_version(args.kubelet_version),
         )]
     objects, errors, overlays = [], [], []  # overlays: (policy, its values as text and as data)
     for policy in policies:
@@ -137,6 +140,51 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2))
     else:
         sys.stdout.write(yamlout.dump_documents(objects))
+    return EXIT_OK
+
+
+def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace) -> int:
+    """The kata-deploy values overlay now and with the overhead refitted from a survey, as a
+    unified diff for a GitOps change; the policy fields to set are printed above it."""
+    import difflib
+
+    from .core.calibrate import CalibrationError, parse_samples_csv
+    from .core.proposal import propose
+    from .core.render import render_policy
+
+    if len(policies) != 1:
+        raise InputError(f"--proposal refits one policy; {args.policy} holds {len(policies)}")
+    if args.values_only or args.node_capacity or args.output != "yaml":
+        raise InputError("--proposal prints a diff of the values overlay; drop --values-only, --node-capacity and -o")
+    policy = policies[0]
+    try:
+        proposal = propose(policy, parse_samples_csv(read_text(args.proposal)))
+    except CalibrationError as exc:
+        _print_problems([f"{args.proposal}: {p}" for p in exc.problems])
+        return EXIT_INVALID
+    now, proposed = render_policy(policy), render_policy(proposal.refitted)
+    errors = [f"{policy.name}: {p}" for p in proposed.problems if p.severity == "error"]
+    if errors:
+        _print_problems(errors)
+        return EXIT_INVALID
+    name = f"{policy.name}-kata-deploy-values/values.yaml"
+    print(f"# kata-sizing: policy {policy.name} refitted from {args.proposal} ({proposal.rows} row(s)).")
+    print("# Set in the policy (spec.overhead):")
+    for line in yamlout.dump(proposal.overhead).splitlines():
+        print(f"#   {line}")
+    for note in proposal.notes:
+        print(f"# note: {note}")
+    for c in proposal.classes:
+        print(f"# class {c.name}: podFixed {c.pod_fixed_before['memory']} -> {c.pod_fixed['memory']}"
+              + (f" ({c.pods} measured pod(s), least headroom {_mib_text(c.min_headroom_bytes)})"
+                 if c.min_headroom_bytes is not None else ""))
+    sys.stdout.writelines(difflib.unified_diff(
+        now.values_yaml.splitlines(keepends=True), proposed.values_yaml.splitlines(keepends=True),
+        fromfile=f"{name} (now)", tofile=f"{name} (proposed)"))
+    if proposal.uncovered:
+        _print_problems([f"class {c.name}: pod {c.min_headroom_pod} would not fit under its cgroup limit "
+                         f"({_mib_text(c.min_headroom_bytes)} headroom)" for c in proposal.uncovered])
+        return EXIT_INVALID
     return EXIT_OK
 
 
@@ -220,6 +268,14 @@ def _limit(option: str, text: str | None, parse) -> object:
         return parse(text)
     except QuantityError as exc:
         raise PolicyError([f"{option}: {exc}"]) from None
+
+
+def _kubelet_version(text: str | None) -> str | None:
+    from .core.guidance import kubelet_minor
+
+    if _flag("--kubelet-version", text) is not None and kubelet_minor(text) is None:
+        raise PolicyError([f"--kubelet-version: {text!r} is not a Kubernetes version (examples: v1.37.2, 1.36.4)"])
+    return text
 
 
 def _policy_path(args: argparse.Namespace) -> str:
@@ -408,45 +464,163 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     margin_problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
     if margin_problem:
         raise PolicyError([f"--margin: {margin_problem}"])
+    host_memory = None
+    if args.host_memory is not None:
+        if args.policy:
+            raise InputError("--host-memory is for a fit without --policy (the policy's hostMemory is used)")
+        host_memory = -(-_limit("--host-memory", args.host_memory, memory_bytes) // (1024 * 1024))
     text = read_text(args.samples)
+    proposal = None
     try:
         samples = parse_samples_csv(text)
-        fit = fit_overhead(samples, margin=Decimal(args.margin))
+        if args.policy:
+            from .core.proposal import propose
+
+            proposal = propose(load_policies(args.policy)[0], samples, margin=Decimal(args.margin))
+            fit = proposal.fit
+        else:
+            fit = fit_overhead(samples, margin=Decimal(args.margin), assumed_host_mib=host_memory)
     except CalibrationError as exc:
         _print_problems([f"{args.samples}: {p}" for p in exc.problems])
         return EXIT_INVALID
     report = {
-        "overhead": fit.overhead_block(),
+        "overhead": proposal.overhead if proposal else fit.overhead_block(),
         "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib],
-        "maxGuestDaemonsMiB": format(Decimal(fit.max_guest_daemons_mib).normalize(), "f"),
     }
-    if args.policy:
-        from .core.sizing import size_policy
-
-        policy = load_policies(args.policy)[0]
-        spec = policy.spec.model_dump(by_alias=True, exclude_none=True)
-        spec["overhead"] = {**spec.get("overhead", {}), **fit.overhead_block()}
-        spec["overhead"].pop("samples", None)
-        refitted = parse_policy({"metadata": {"name": policy.name}, "spec": spec})
-        report["classes"] = [
-            {
-                "name": c.name,
-                "guestBudgetMiB": c.guest_budget_mib,
-                "podFixed": c.pod_fixed,
-            }
-            for c in size_policy(refitted).classes
-        ]
+    if fit.max_guest_daemons_mib is not None:
+        report["maxGuestDaemonsMiB"] = format(Decimal(fit.max_guest_daemons_mib).normalize(), "f")
+    notes = list(proposal.notes if proposal else fit.notes)
+    if notes:
+        report["notes"] = notes
+    if proposal is not None:
+        report["classes"] = [c.as_dict() for c in proposal.classes]
+        if proposal.host_raised_mib:
+            report["hostRaisedMiB"] = proposal.host_raised_mib
     if args.output == "json":
         print(json.dumps(report, indent=2))
-        return EXIT_OK
+        return EXIT_INVALID if proposal is not None and proposal.uncovered else EXIT_OK
     print("# Fitted overhead function (upper envelope: every sample covered).")
     print("# Paste under spec: in a KataSizingPolicy.")
     sys.stdout.write(yamlout.dump({"overhead": report["overhead"]}))
     print("# Residuals per sample (line above measurement, MiB): " + ", ".join(report["residualsMiB"]))
+    for note in notes:
+        print(f"# note: {note}")
     for c in report.get("classes", []):
-        print(f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, "
-              f"podFixed {c['podFixed']['cpu']}/{c['podFixed']['memory']}")
+        line = (f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, podFixed {c['podFixed']['cpu']}/"
+                f"{c['podFixed']['memory']} (now {c['podFixedBefore']['cpu']}/{c['podFixedBefore']['memory']})")
+        if c.get("minHeadroomBytes") is not None:
+            line += (f"; {c['podsMeasured']} measured pod(s), the least headroom {_mib_text(c['minHeadroomBytes'])} "
+                     f"({c['minHeadroomPod']})")
+        print(line)
+    if proposal is not None and proposal.uncovered:
+        _print_problems([f"class {c.name}: pod {c.min_headroom_pod} would not fit under its cgroup limit "
+                         f"({_mib_text(c.min_headroom_bytes)} headroom)" for c in proposal.uncovered])
+        return EXIT_INVALID
     return EXIT_OK
+
+
+def _mib_text(size_bytes: int) -> str:
+    from .core.headroom import mib_text
+
+    return mib_text(size_bytes)
+
+
+def cmd_survey(args: argparse.Namespace) -> int:
+    """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
+    from .core.sizing import size_policy
+    from .core.survey import readings_from, survey_rows, to_csv
+
+    if not 0 < args.timeout <= 600:
+        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 600")
+    policy = _chosen_policy(args, args.policy)
+    sizing = size_policy(policy)
+    if sizing.errors:
+        raise PolicyError([str(p) for p in sizing.errors])
+    runtime_classes = {c.runtime_class for c in sizing.classes}
+    if args.summary:
+        if not args.pods:
+            raise InputError("--summary needs --pods PODS.yaml (kubectl get pods -A -o yaml): the pods' limits "
+                             "and classes are in their specs, not in the Summary")
+        summaries, pods, source = _saved_summaries(args), _saved_pods(args.pods), "saved Summaries"
+    else:
+        if args.pods:
+            raise InputError("--pods goes with --summary; without them the cluster is read")
+        summaries, pods, fetch_notes = _cluster_summaries(runtime_classes, args.timeout)
+        _print_problems(fetch_notes, "note")
+        source = "the cluster (kubelet Summaries through the API server)"
+    readings, notes = readings_from(summaries, pods, runtime_classes)
+    rows, row_notes = survey_rows(readings, sizing)
+    _print_problems(notes + row_notes, "note")
+    if not rows:
+        print(f"error: no pod of policy {policy.name}'s classes ({', '.join(sorted(runtime_classes))}) was "
+              f"measured in {source}", file=sys.stderr)
+        return EXIT_INVALID
+    nodes = len({row.node for row in rows})
+    sys.stdout.write(to_csv(rows, [
+        f"kata-sizing survey of policy {policy.name}: {len(rows)} pod(s) on {nodes} node(s), from {source}.",
+        "Host side only (the kubelet's Summary); free_total_mib/free_used_mib need `free -m` in the guest.",
+        f"Refit with: kata-sizing calibrate THIS.csv --policy {args.policy}",
+    ]))
+    return EXIT_OK
+
+
+def _saved_summaries(args: argparse.Namespace) -> list[tuple[str, object]]:
+    found = []
+    for path in args.summary:
+        document = bounded.load_json(read_text(path), path)
+        node = ((document.get("node") or {}) if isinstance(document, dict) else {}).get("nodeName")
+        if not isinstance(node, str) or not node:
+            raise InputError(f"{path}: not a kubelet Summary (no node.nodeName); save one with "
+                             "kubectl get --raw /api/v1/nodes/NODE/proxy/stats/summary")
+        found.append((node, document))
+    return found
+
+
+def _saved_pods(path: str) -> list[dict]:
+    from .core.audit import AuditError, pods_from_documents
+
+    try:
+        return [pod for _, pod in pods_from_documents(load_yaml_documents(path), path)]
+    except AuditError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _cluster_summaries(runtime_classes: set[str], timeout_s: float) -> tuple[list, list[dict], list[str]]:
+    """The pods from the API server, and the Summary of each node running one of them (through
+    the API server's node proxy, as `kubectl get --raw` reads it: the CLI runs where kubectl does,
+    not necessarily where the kubelets are reachable)."""
+    import asyncio
+
+    from .controller.kube import ApiError, KubeApi  # the kubernetes client loads only here
+    from .core.survey import kata_pods_by_node
+
+    async def read() -> tuple[list, list[dict], list[str]]:
+        try:
+            api = await KubeApi.connect()
+        except Exception as exc:  # noqa: BLE001 - the client's config errors have no common type
+            raise InputError(f"cannot connect to the cluster: {exc}") from None
+        try:
+            pods = await api.list_all("Pod")
+            by_node, _ = kata_pods_by_node(pods, runtime_classes)
+            limit = asyncio.Semaphore(8)
+            notes: list[str] = []
+
+            async def one(node: str):
+                async with limit:
+                    try:
+                        return node, await api.read_node_summary(node, timeout_s)
+                    except ApiError as exc:
+                        notes.append(f"node {node} skipped: {exc}")
+                        return None
+
+            found = await asyncio.gather(*(one(node) for node in sorted(by_node)))
+            return [f for f in found if f is not None], pods, notes
+        except ApiError as exc:
+            raise InputError(f"cannot read the pods: {exc}") from None
+        finally:
+            await api.close()
+
+    return asyncio.run(read())
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -619,7 +793,21 @@ def cmd_operator(args: argparse.Namespace) -> int:
         metrics = MetricsOptions(port=args.metrics_port, addr=args.metrics_addr)
     return run_operator(liveness=args.liveness, standalone=args.standalone, namespace=args.namespace,
                         webhook=webhook, metrics=metrics, log_format=args.log_format,
-                        lease=_lease_options(args))
+                        lease=_lease_options(args), kubelet=_kubelet_options(args))
+
+
+def _kubelet_options(args: argparse.Namespace):
+    """How the measurement reads kubelet Summaries (controller/kubelet.py)."""
+    from .controller.kubelet import KubeletOptions
+
+    if args.kubelet_access == "apiserver" and (args.kubelet_ca or args.kubelet_insecure_skip_tls_verify):
+        raise InputError("--kubelet-ca and --kubelet-insecure-skip-tls-verify are for --kubelet-access direct")
+    if args.kubelet_ca and args.kubelet_insecure_skip_tls_verify:
+        raise InputError("--kubelet-ca verifies kubelets; --kubelet-insecure-skip-tls-verify does not: give one")
+    if args.kubelet_ca:
+        read_text(args.kubelet_ca)  # a missing mount is one line here, not a failure per node later
+    return KubeletOptions(access=args.kubelet_access, ca_file=args.kubelet_ca,
+                          insecure_skip_tls_verify=args.kubelet_insecure_skip_tls_verify)
 
 
 def _lease_options(args: argparse.Namespace):
@@ -653,8 +841,13 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--node-cpu", metavar="QUANTITY", help="the node's CPU capacity, for VMs-per-class")
     render.add_argument("--infra-pod-memory", metavar="QUANTITY",
                         help="memory requests of the node's non-Kata pods (default: none)")
+    render.add_argument("--kubelet-version", metavar="VERSION",
+                        help="the nodes' kubelet (v1.37.2): the feature gates their configuration needs")
     render.add_argument("--values-only", action="store_true",
                         help="print only the kata-deploy values overlay (for helm -f, or to commit for GitOps)")
+    render.add_argument("--proposal", metavar="SURVEY.csv",
+                        help="print the values overlay's diff with the overhead refitted from a survey "
+                             "(kata-sizing survey), for a GitOps change")
     render.add_argument("--node-name", default="node", help=argparse.SUPPRESS)
     render.set_defaults(func=cmd_render)
 
@@ -683,9 +876,23 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = sub.add_parser("calibrate", help="fit the overhead function from survey rows")
     calibrate.add_argument("samples", metavar="SAMPLES.csv")
     calibrate.add_argument("--margin", default="0.10", help="safety margin for the printed block")
-    calibrate.add_argument("--policy", metavar="POLICY.yaml", help="show the per-class values the fit gives")
+    calibrate.add_argument("--policy", metavar="POLICY.yaml",
+                           help="refit this policy: the classes' podFixed, each checked against the measured pods")
+    calibrate.add_argument("--host-memory", metavar="QUANTITY",
+                           help="without --policy: the host side to assume for rows from the kubelet when no VM "
+                                "was fully resident (default: none, such rows are refused)")
     calibrate.add_argument("-o", "--output", choices=("text", "json"), default="text")
     calibrate.set_defaults(func=cmd_calibrate)
+
+    survey = sub.add_parser("survey", help="measure a policy's Kata pods once (kubelet Summaries) as calibrate's CSV")
+    survey.add_argument("policy", metavar="POLICY.yaml")
+    survey.add_argument("--summary", metavar="SUMMARY.json", action="append", default=[],
+                        help="a saved Summary (kubectl get --raw /api/v1/nodes/NODE/proxy/stats/summary), "
+                             "repeatable; without it the cluster of KUBECONFIG is read")
+    survey.add_argument("--pods", metavar="PODS.yaml", help="with --summary: kubectl get pods -A -o yaml")
+    survey.add_argument("--policy-name", help="which policy, when the file holds several")
+    survey.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per Summary read (default 10)")
+    survey.set_defaults(func=cmd_survey)
 
     audit = sub.add_parser("audit", help="check an existing kata-deploy install's values and RuntimeClasses")
     audit.add_argument("values", metavar="VALUES.yaml", nargs="?", help="kata-deploy Helm values ('-' for stdin)")
@@ -727,6 +934,14 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--leader-elect-namespace", metavar="NS",
                           default=os.environ.get("POD_NAMESPACE") or "kata-sizing",
                           help="where the Lease lives (default: $POD_NAMESPACE, else kata-sizing)")
+    operator.add_argument("--kubelet-access", choices=("direct", "apiserver"), default="direct",
+                          help="how the measurement reads kubelet Summaries: direct (each kubelet's port, needs "
+                               "nodes/stats) or apiserver (the API server's node proxy, needs nodes/proxy); "
+                               "see docs/measurement.md")
+    operator.add_argument("--kubelet-ca", metavar="FILE",
+                          help="direct: the CA of the kubelets' serving certificates (default: the API server's CA)")
+    operator.add_argument("--kubelet-insecure-skip-tls-verify", action="store_true",
+                          help="direct: do not verify the kubelets' serving certificates (self-signed ones)")
     operator.add_argument("--lease-duration", type=float, default=15.0, metavar="S", help=argparse.SUPPRESS)
     operator.add_argument("--renew-deadline", type=float, default=10.0, metavar="S", help=argparse.SUPPRESS)
     operator.add_argument("--retry-period", type=float, default=2.0, metavar="S", help=argparse.SUPPRESS)

@@ -87,6 +87,9 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
   users: [%q]
+# Every ServiceAccount too: the operator installed by its chart on the node runs as its own.
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
 # Pod creations and resizes, whoever makes them: the admission policies' Audit action shows here.
 - level: Metadata
   verbs: [create, patch, update]

@@ -17,9 +17,10 @@
 // API server's client certificate for the kubelet (kubelet-client.crt). It prints
 // "controlplane ready" once /readyz answers ok, and stops everything on SIGTERM.
 // DIR/audit.log is the API server's audit log (JSON lines, level Metadata) of every request
-// made with the operator's identity: what the real authorizer allowed or refused (403), and
-// every write, for the tests to count; and pod creations and resizes by anyone (where an
-// admission policy with the Audit action records its finding).
+// made with the operator's identity or any other ServiceAccount's (the operator's chart on the
+// node runs as its own): what the real authorizer allowed or refused (403), and every write, for
+// the tests to count; and pod creations and resizes by anyone (where an admission policy with
+// the Audit action records its finding).
 // SIGUSR1 compacts etcd at its current revision, which expires every older watch (410).
 // The API server and controller manager run as child processes of this same binary
 // (their global flag and metric registries are not meant to share one process).
@@ -89,11 +90,13 @@ const (
 
 // The controllers a Deployment with a PodDisruptionBudget and in-cluster clients need on a
 // real node; the first three are all the API-server-only tests use. No daemonset
-// controller: a kata-deploy DaemonSet applied by a test must stay a stored object.
+// controller: a kata-deploy DaemonSet applied by a test must stay a stored object. The
+// ValidatingAdmissionPolicy status controller type-checks each policy's CEL against the
+// types it matches and writes status.typeChecking (tests/test_real_admission.py reads it).
 const defaultControllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller," +
 	"deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller," +
 	"endpointslice-mirroring-controller,root-ca-certificate-publisher-controller,disruption-controller," +
-	"pod-garbage-collector-controller,node-lifecycle-controller"
+	"pod-garbage-collector-controller,node-lifecycle-controller,validatingadmissionpolicy-status-controller"
 
 func run() error {
 	flags := flag.NewFlagSet("controlplane", flag.ContinueOnError)

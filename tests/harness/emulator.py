@@ -18,6 +18,7 @@ import pathlib
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -82,6 +83,7 @@ class RequestRecord(NamedTuple):
     status: int
     body: Any = None  # the parsed JSON body of the request, if any
     user_agent: str = ''  # which client sent it (replicas of one operator name themselves here)
+    at: float = 0.0  # time.monotonic() when the request came in
 
     @property
     def is_write(self) -> bool:
@@ -122,6 +124,8 @@ class FaultRule:
 def _compile(pattern: str | re.Pattern[str] | None, flags: int = 0) -> re.Pattern[str] | None:
     return None if pattern is None else pattern if isinstance(pattern, re.Pattern) else re.compile(pattern, flags)
 
+
+_NODE_PROXY = re.compile(r'/api/v1/nodes/([^/]+)/proxy/(.*)')
 
 _FAULT_REASONS = {409: 'Conflict', 410: 'Expired', 429: 'TooManyRequests', 500: 'InternalError',
                   503: 'ServiceUnavailable', 504: 'Timeout', 403: 'Forbidden', 404: 'NotFound'}
@@ -218,6 +222,8 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
         self._port: int | None = None
+        # GET /api/v1/nodes/NAME/proxy/PATH: see serve_node_proxy.
+        self._node_proxy: Any = None
 
     def __repr__(self) -> str:
         return f'<{type(self).__name__} {self.base_url if self._port else "(not running)"}>'
@@ -308,6 +314,13 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             self._faults.append(rule)
         return rule
 
+    def serve_node_proxy(self, handler: Any) -> None:
+        """Answer ``GET /api/v1/nodes/NAME/proxy/PATH`` (the API server's proxy to a kubelet) with
+        ``await handler(name, path)``, which returns an ``aiohttp.web.Response``; it runs on the
+        emulator's loop, so it may sleep (a kubelet that never answers). The node must exist, as
+        the API server resolves it first; without a handler the path is 404."""
+        self._node_proxy = handler
+
     def clear_faults(self) -> None:
         with self._faults_lock:
             self._faults.clear()
@@ -346,10 +359,11 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         with self._log_lock:
             self._log.clear()
 
-    def _record_request(self, raw: aiohttp.web.BaseRequest, status: int, body: Any) -> None:
+    def _record_request(self, raw: aiohttp.web.BaseRequest, status: int, body: Any,
+                        at: float | None = None) -> None:
         with self._log_lock:
             self._log.append(RequestRecord(raw.method, raw.path, dict(raw.query), status, body,
-                                           raw.headers.get('User-Agent', '')))
+                                           raw.headers.get('User-Agent', ''), time.monotonic() if at is None else at))
 
     def _take_faults(self, raw: aiohttp.web.BaseRequest) -> tuple[float, FaultRule | None]:
         latency, failure = 0.0, None
@@ -371,6 +385,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         raw = request._raw_request
         assert raw is not None  # always set for requests that came over HTTP
         response: aiohttp.web.StreamResponse
+        arrived = time.monotonic()
         try:
             latency, failure = self._take_faults(raw)
             if latency:
@@ -393,7 +408,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             response = aiohttp.web.json_response(
                 ApiError(500, 'InternalError', f'emulator failure: {e!r}').as_status(), status=500)
         if not response.prepared:  # streams are logged when they start, not when they end
-            self._record_request(raw, response.status, request.data)
+            self._record_request(raw, response.status, request.data, arrived)
         return response
 
     async def _dispatch(self, request: kmock.Request, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -402,6 +417,13 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             discovery = self._discovery(path)
             if discovery is not None:
                 return aiohttp.web.json_response(discovery)
+        proxied = _NODE_PROXY.fullmatch(path)
+        if proxied is not None and raw.method == 'GET':
+            node, subpath = proxied.group(1), proxied.group(2)
+            self.store.get(self.resource_type('v1/nodes'), None, node)  # 404 for a node that does not exist
+            if self._node_proxy is None:
+                raise ApiError(404, 'NotFound', 'the server could not find the requested resource')
+            return await self._node_proxy(node, subpath)
         route = self._route(path)
         if route is None:
             return await super()._handle(request)

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Iterable, Mapping
 
 from ..core.guidance import NodeFacts
+from ..core.measure import KataPod, kata_pod
 from ..core.podfit import POLICY_LABEL, PodInputError, PodLimits, pod_limits
 from ..core.quantity import QuantityError, cpu_cores, memory_bytes
 
@@ -23,6 +24,11 @@ class NodeSummary:
     capacity_cpu: Decimal | None
     allocatable_memory_bytes: int | None
     allocatable_cpu: Decimal | None
+    # Where its kubelet answers (controller/kubelet.py): the first address of the preferred
+    # types, and status.daemonEndpoints.kubeletEndpoint.Port.
+    kubelet_address: str | None = None
+    kubelet_port: int | None = None
+    kubelet_version: str | None = None
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         labels = dict(self.labels)
@@ -39,9 +45,13 @@ class PodRequest:
     pod: str  # namespace/name
     runtime_class: str | None
     memory_request_bytes: int
+    cpu_request: Decimal = Decimal(0)  # cores, as the scheduler counts them (overhead included)
     node: str | None = None
     limits: PodLimits | None = None  # only for pods the audit may look at
     routed_by: str | None = None  # the katasizing.dev/policy label of a pod without runtimeClassName
+    # Only for a scheduled pod with a runtimeClassName: what the measurement needs (uid,
+    # cgroup limit, podFixed, container names), see core/measure.
+    kata: KataPod | None = None
 
 
 def _memory(value: object) -> int:
@@ -58,6 +68,23 @@ def _cpu(value: object) -> Decimal | None:
         return None
 
 
+# The address types tried for the kubelet, in order: metrics-server's chart default
+# (--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname); a Hostname rarely
+# resolves from inside a pod.
+KUBELET_ADDRESS_TYPES = ("InternalIP", "ExternalIP", "Hostname")
+KUBELET_DEFAULT_PORT = 10250
+
+
+def kubelet_endpoint(status: Mapping) -> tuple[str | None, int | None]:
+    addresses = [a for a in status.get("addresses") or [] if isinstance(a, Mapping)]
+    address = next((a.get("address") for kind in KUBELET_ADDRESS_TYPES for a in addresses
+                    if a.get("type") == kind and a.get("address")), None)
+    endpoint = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+    port = endpoint if isinstance(endpoint, int) and not isinstance(endpoint, bool) and 0 < endpoint < 65536 \
+        else KUBELET_DEFAULT_PORT
+    return (str(address) if address else None), (port if address else None)
+
+
 def summarize_node(node: Mapping) -> NodeSummary | None:
     meta = node.get("metadata") or {}
     status = node.get("status") or {}
@@ -65,6 +92,7 @@ def summarize_node(node: Mapping) -> NodeSummary | None:
     allocatable = status.get("allocatable") or {}
     if not meta.get("name") or capacity.get("memory") is None:
         return None
+    address, port = kubelet_endpoint(status)
     return NodeSummary(
         name=meta["name"],
         labels=tuple(sorted((meta.get("labels") or {}).items())),
@@ -72,28 +100,33 @@ def summarize_node(node: Mapping) -> NodeSummary | None:
         capacity_cpu=_cpu(capacity.get("cpu")),
         allocatable_memory_bytes=_memory(allocatable["memory"]) if "memory" in allocatable else None,
         allocatable_cpu=_cpu(allocatable.get("cpu")),
+        kubelet_address=address,
+        kubelet_port=port,
+        kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion") or None,
     )
 
 
-def _request(container: Mapping) -> int:
-    return _memory(((container.get("resources") or {}).get("requests") or {}).get("memory"))
+def _request(container: Mapping, resource: str):
+    value = ((container.get("resources") or {}).get("requests") or {}).get(resource)
+    return _memory(value) if resource == "memory" else (_cpu(value) or Decimal(0))
 
 
-def effective_memory_request(spec: Mapping) -> int:
-    """Kubernetes' effective pod request: the larger of the app containers (plus sidecars)
-    and the largest init container (plus the sidecars started before it), plus overhead.
-    Sidecars are init containers with restartPolicy Always (KEP-753)."""
+def effective_request(spec: Mapping, resource: str):
+    """Kubernetes' effective pod request of `resource` ("memory": bytes, "cpu": cores): the
+    larger of the app containers (plus sidecars) and the largest init container (plus the
+    sidecars started before it), plus overhead. Sidecars are init containers with
+    restartPolicy Always (KEP-753)."""
     sidecars = 0
     init_peak = 0
     for init in spec.get("initContainers") or []:
-        request = _request(init)
+        request = _request(init, resource)
         if init.get("restartPolicy") == "Always":
             sidecars += request
             init_peak = max(init_peak, sidecars)
         else:
             init_peak = max(init_peak, request + sidecars)
-    app = sum(_request(c) for c in spec.get("containers") or []) + sidecars
-    overhead = _memory(((spec.get("overhead") or {}).get("memory")))
+    app = sum((_request(c, resource) for c in spec.get("containers") or []), sidecars)
+    overhead = _request({"resources": {"requests": spec.get("overhead") or {}}}, resource)
     return max(app, init_peak) + overhead
 
 
@@ -116,13 +149,16 @@ def summarize_pod(pod: Mapping) -> PodRequest | None:
             limits = pod_limits(spec)
         except PodInputError:
             limits = None  # the API server validated it; nothing the audit can judge
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
     return PodRequest(
-        pod=f"{meta.get('namespace')}/{meta.get('name')}",
+        pod=name,
         runtime_class=runtime_class,
-        memory_request_bytes=effective_memory_request(spec) if node is not None else 0,
+        memory_request_bytes=effective_request(spec, "memory") if node is not None else 0,
+        cpu_request=effective_request(spec, "cpu") if node is not None else Decimal(0),
         node=node,
         limits=limits,
         routed_by=routed_by,
+        kata=kata_pod(pod, None, limits) if runtime_class is not None and node is not None and limits else None,
     )
 
 
@@ -143,16 +179,15 @@ def facts_for_nodes(
     for node in nodes:
         if not node.matches(selector):
             continue
-        infra = sum(
-            p.memory_request_bytes for p in pods_by_node.get(node.name, ())
-            if not is_kata_class(p.runtime_class, kata_classes)
-        )
+        infra_pods = [p for p in pods_by_node.get(node.name, ()) if not is_kata_class(p.runtime_class, kata_classes)]
         facts.append(NodeFacts(
             name=node.name,
             capacity_memory_bytes=node.capacity_memory_bytes,
             capacity_cpu=node.capacity_cpu,
             allocatable_memory_bytes=node.allocatable_memory_bytes,
             allocatable_cpu=node.allocatable_cpu,
-            infra_pod_memory_bytes=infra,
+            infra_pod_memory_bytes=sum(p.memory_request_bytes for p in infra_pods),
+            infra_pod_cpu=sum((p.cpu_request for p in infra_pods), Decimal(0)),
+            kubelet_version=node.kubelet_version,
         ))
     return sorted(facts, key=lambda f: f.name)

@@ -18,6 +18,7 @@ from ..core import defaults
 from ..core.audit import audit_runtime_classes
 from ..core.model import PolicyError, parse_policy
 from ..core.podfit import check_limits
+from ..core.proposal import proposal_status
 from ..core.sizing import PolicySizing, size_policy
 
 # How long a pass waits for the node and pod caches' first list before it goes on without
@@ -159,10 +160,25 @@ async def current(state: OperatorState, key: ObjKey) -> dict | None:
     return await state.api.read(key)
 
 
+async def survey_proposal(state: OperatorState, sizing: PolicySizing) -> dict:
+    """status.proposal: the refit of the survey CSV spec.overhead.survey names ({} without one),
+    read from its ConfigMap (docs/measurement.md)."""
+    survey = sizing.policy.spec.overhead.survey
+    if survey is None:
+        return {}
+    namespace = survey.namespace or sizing.policy.spec.output.namespace
+    source = f"ConfigMap {namespace}/{survey.config_map} key {survey.key}"
+    found = await state.api.read(("ConfigMap", namespace, survey.config_map))
+    return proposal_status(sizing.policy, ((found or {}).get("data") or {}).get(survey.key), source)
+
+
 async def gather(state: OperatorState, body: dict, trigger: str, facts: tuple | None = None,
-                 findings: list | None = None, pods: list[dict] | None = None) -> Gathered:
+                 findings: list | None = None, pods: list[dict] | None = None,
+                 reread_survey: bool = True) -> Gathered:
     """What a pass of `body` knows. `facts`, `findings` and `pods` are given when the caller has
-    just computed them (the guidance timer); otherwise they are computed from the caches."""
+    just computed them (the guidance timer); otherwise they are computed from the caches. The
+    survey of spec.overhead.survey is read again unless `reread_survey` is false (the guidance
+    timer's passes: a change of the policy and each resync read it)."""
     name = body["metadata"]["name"]
     if facts is None:
         facts = await node_facts(state, body)
@@ -178,12 +194,20 @@ async def gather(state: OperatorState, body: dict, trigger: str, facts: tuple | 
 
     keys = wanted.desired.keys() if wanted.desired is not None else []
     found = await asyncio.gather(*(look_up(key) for key in keys))
+    sizing = policy_sizing(state, body)
+    measurement = proposal = None
+    if sizing is not None:
+        if state.measurement is not None:
+            measurement = state.measurement.report(name) or {}
+        if reread_survey:
+            proposal = await survey_proposal(state, sizing)
     return Gathered(
         body=body, trigger=trigger, intent=wanted,
         live={key: obj for key, obj in zip(keys, found) if obj is not None}, live_of_policy=of_policy,
         previous=state.desired.by_policy.get(name), nodes_known=facts is not None,
         unmanaged=tuple(findings) if findings is not None else None,
         pod_findings=tuple(pods) if pods is not None else None,
+        measurement=measurement, proposal=proposal,
         webhook_serving=state.webhook_serving,
         reported=frozenset(state.reported.get(name, ())), announced=dict(state.announced.get(name, {})),
     )

@@ -9,7 +9,9 @@ admission handler, for operators started with a webhook server (`operator --webh
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
+import dataclasses
 import logging
 import os
 
@@ -25,7 +27,9 @@ from .compare import differences, is_ours
 from .informer import ChildCache, Informer
 from .kinds import policy_key
 from .kube import KubeApi
-from .leader import LeaderElector, gate_kopf, install_kopf_gate, ungate_kopf
+from .kubelet import DirectKubelets, KubeletOptions
+from .measurement import Clock, MeasurementLoop
+from .leader import LeaderElector, gate_kopf, install_kopf_gate, kopf_event_context, ungate_kopf
 from .plan import Ownership
 from .retry import REFUSED_RETRY_S, RETRY_BASE_S, RETRY_CAP_S, backoff_s
 from .state import OperatorState
@@ -76,6 +80,19 @@ def _bounded_login(login):
     return bounded_login
 
 
+def login_in_cluster(**kwargs) -> kopf.ConnectionInfo | None:
+    """kopf's service-account login, addressed as client-go's in-cluster configuration addresses
+    it: the kubernetes Service's IP and port from the environment the kubelet sets, not the name
+    `kubernetes.default.svc`, which needs cluster DNS (a node without it left kopf retrying DNS
+    lookups while the operator's own client, already on the Service IP, worked: docs/testing.md)."""
+    info = kopf.login_with_service_account(**kwargs)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is None or not host or not port:
+        return info
+    # An IPv6 Service address in brackets, as net.JoinHostPort writes it.
+    return dataclasses.replace(info, server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}")
+
+
 def _event_sink(ref: dict, type_: str, reason: str, message: str) -> None:
     # Events carry at most 1 KiB of message in practice; the full text is in status.
     kopf.event(ref, type=type_, reason=reason, message=message[:1000])
@@ -120,12 +137,33 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         retry_cap_s=RETRY_CAP_S, name="passes", gate=leader.wait_leading if leader else None,
     )
     if leader is not None:
-        leader.listen(lambda leading: _leadership_changed(state, leading))
+        leader.listen(lambda leading: _leadership_changed(state, leading, settings))
     install_pod_routing(settings, state)
+    state.measurement = _measurement_loop(state, memo)
+    metrics.track_measurement(state.measurement)
     state.background = [
         *([asyncio.create_task(leader.run(), name="leader-election")] if leader else []),
         *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in state.informers()),
     ]
+
+
+def _measurement_loop(state: OperatorState, memo: kopf.Memo) -> MeasurementLoop:
+    """The loop that reads kubelet Summaries (controller/measurement.py), directly from each
+    kubelet or through the API server's node proxy (memo.kubelet, a KubeletOptions); only the
+    leader's runs."""
+    options = getattr(memo, "kubelet", None) or KubeletOptions()
+    state.kubelets = DirectKubelets(state.api.configuration, options) if options.access == "direct" else None
+
+    async def read(node: str) -> object:
+        if state.kubelets is None:
+            return await state.api.read_node_summary(node, options.timeout_s)
+        found = gather.memoized(state, ("nodes-by-name", state.nodes.version),
+                                lambda: {n.name: n for n in state.nodes.items.values()}).get(node)
+        return await state.kubelets.read(node, found.kubelet_address if found else None,
+                                         found.kubelet_port if found else None)
+
+    return MeasurementLoop(read, state.pods, events=_event_sink, clock=getattr(memo, "measurement_clock", None) or Clock(),
+                           gate=state.leader.wait_leading if state.leader else None)
 
 
 async def _discover_admission(api: KubeApi) -> dict[str, str]:
@@ -155,6 +193,8 @@ async def on_cleanup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
         await asyncio.wait_for(_all_released(list(state.locks.values())), SHUTDOWN_GRACE_S)
     except asyncio.TimeoutError:
         log.warning("closing the API client with a pass still in progress")
+    if state.kubelets is not None:
+        await state.kubelets.close()
     if state.leader is not None:
         await state.leader.release()  # the other replica takes over now, not after the lease expires
     await state.api.close()
@@ -170,10 +210,11 @@ async def _all_released(locks: list[asyncio.Lock]) -> None:
 
 
 async def _pass(state: OperatorState, body: dict, trigger: str, facts: tuple | None = None,
-                queued: bool = False) -> None:
+                queued: bool = False, reread_survey: bool = True) -> None:
     """Reconcile one policy; API errors propagate (the callers decide how to retry). A `queued`
     pass (a drift event's, a new leader's) runs on the latest body known once it holds the
-    policy's lock, and not at all for a policy deleted meanwhile."""
+    policy's lock, and not at all for a policy deleted meanwhile. The guidance timer's passes
+    do not read spec.overhead.survey's ConfigMap again (`reread_survey`)."""
     name = body["metadata"]["name"]
     _start_queue(state)
     try:
@@ -190,18 +231,25 @@ async def _pass(state: OperatorState, body: dict, trigger: str, facts: tuple | N
             facts = await gather.node_facts(state, body)
         findings = gather.unmanaged_audit(state)
         pods = gather.pod_findings(state, body)
+        measured = _measured(state, name)
         with metrics.reconcile_pass(name, trigger) as current:
             current.done(await rc.run_pass(
                 state, body, trigger, _event_sink, facts=facts, findings=findings, pods=pods,
-                landed=current.writes))
+                landed=current.writes, reread_survey=reread_survey))
         # Only after success: a failed pass is retried, not taken as done.
-        state.last_pass[name] = (inputs, facts, findings, pods)
+        state.last_pass[name] = (inputs, facts, findings, pods, measured)
+
+
+def _measured(state: OperatorState, name: str) -> int | None:
+    """The measurement's version of a policy: it moves about once per interval, and at once when
+    the pods under the headroom threshold change (the guidance timer then writes the status)."""
+    return state.measurement.version(name) if state.measurement is not None else None
 
 
 async def _reconcile(state: OperatorState, body: kopf.Body, trigger: str, retry: int,
-                     facts: tuple | None = None) -> None:
+                     facts: tuple | None = None, reread_survey: bool = True) -> None:
     try:
-        await _pass(state, _plain(body), trigger, facts)
+        await _pass(state, _plain(body), trigger, facts, reread_survey=reread_survey)
     except rc.RetryLater as exc:
         # The status says what is wrong; the queue runs the pass again with a growing back-off
         # (one retry loop per policy, whoever started the pass).
@@ -238,18 +286,18 @@ async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, retry: int, **_) ->
     name = body["metadata"]["name"]
     if body.get("metadata", {}).get("deletionTimestamp") or name not in state.last_pass:
         return
-    inputs, facts, findings, pods = state.last_pass[name]
+    inputs, facts, findings, pods, measured = state.last_pass[name]
     now_inputs = gather.inputs(state)
-    if inputs == now_inputs:
+    if inputs == now_inputs and measured == _measured(state, name):
         return
     plain = _plain(body)
     fresh = await gather.node_facts(state, plain)
     fresh_findings = gather.unmanaged_audit(state)
     fresh_pods = gather.pod_findings(state, plain)
-    if fresh == facts and fresh_findings == findings and fresh_pods == pods:
-        state.last_pass[name] = (now_inputs, facts, findings, pods)
+    if fresh == facts and fresh_findings == findings and fresh_pods == pods and measured == _measured(state, name):
+        state.last_pass[name] = (now_inputs, facts, findings, pods, measured)
         return
-    await _reconcile(state, body, "resync", retry, facts=fresh)
+    await _reconcile(state, body, "resync", retry, facts=fresh, reread_survey=False)
 
 
 async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> None:
@@ -269,11 +317,15 @@ async def delete_policy(body: kopf.Body, memo: kopf.Memo, retry: int, **_) -> No
 # --- the queue: passes for drift events and for a new leader ----------------------------------
 
 
-def _start_queue(state: OperatorState) -> None:
-    """Started from the first pass, inside a kopf handler: the queue's tasks inherit the context
-    kopf.event() posts through. Before any pass there is no desired state to correct towards."""
+def _start_queue(state: OperatorState, context: contextvars.Context | None = None) -> None:
+    """Started from the first pass, inside a kopf handler, or when this replica becomes the
+    leader, in `context` (leader.kopf_event_context): the queue's tasks run where kopf.event()
+    posts. Before either there is no desired state to correct towards."""
     if state.work is not None and not any(t.get_name() == "pass-queue" for t in state.background):
-        state.background.append(asyncio.create_task(state.work.run(), name="pass-queue"))
+        state.background.append(asyncio.create_task(state.work.run(), name="pass-queue", context=context))
+        if state.measurement is not None:
+            # The same context: the measurement's HeadroomLow events are posted through it.
+            state.background.append(asyncio.create_task(state.measurement.run(), name="measurement", context=context))
 
 
 def _child_changed(state: OperatorState, key, before: dict | None, after: dict | None) -> None:
@@ -291,11 +343,16 @@ def _child_changed(state: OperatorState, key, before: dict | None, after: dict |
     state.enqueue_pass(desired.policy_name, "drift")
 
 
-async def _leadership_changed(state: OperatorState, leading: bool) -> None:
+async def _leadership_changed(state: OperatorState, leading: bool, settings: kopf.OperatorSettings) -> None:
     if leading:
-        # kopf resumes only policies it has not seen in this process: a replica that leads again
-        # would otherwise wait for the next resync to say what changed while the other one led.
+        # kopf resumes only policies it has not seen in this process (a validating webhook call
+        # counts as seeing one): a replica that leads again, or that served the webhook while it
+        # followed, would otherwise wait for the next resync to say what changed, and one that
+        # has never passed would have no queue running to pass at all.
         if state.work is not None:
+            context = kopf_event_context(settings)
+            if context is not None:
+                _start_queue(state, context)
             state.work.add(("leader",))
         return
     # Not the leader: it exports no policy gauges (the alerts sum them over replicas) and
@@ -397,7 +454,7 @@ def build_registry(admission: bool = False) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     policies = (GROUP, VERSION, PLURAL)
     # kopf's own logins, like kubectl: the service account in a pod, else KUBECONFIG/~/.kube/config.
-    kopf.on.login(registry=registry, id="service-account")(_bounded_login(kopf.login_with_service_account))
+    kopf.on.login(registry=registry, id="service-account")(_bounded_login(login_in_cluster))
     kopf.on.login(registry=registry, id="kubeconfig")(_bounded_login(kopf.login_with_kubeconfig))
     kopf.on.startup(registry=registry)(on_startup)
     kopf.on.cleanup(registry=registry)(on_cleanup)

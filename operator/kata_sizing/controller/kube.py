@@ -10,6 +10,7 @@ timeouts, broken connections: back off and retry) and PermanentApiError for the 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
 from . import metrics
+from ..core import bounded
 from .api_errors import (  # noqa: F401  (re-exported: the error kinds are the wrapper's contract)
     ApiError, Conflict, Invalid, NotFound, PermanentApiError, TransientApiError,
 )
@@ -35,6 +37,10 @@ REQUEST_TIMEOUT_S = 30
 # 256 KiB read buffer plus OpenSSL's state), and a cold start of 200 policies opened about 200.
 CONNECTIONS = 24
 FIELD_MANAGER = "kata-sizing"
+# Connections for kubelet Summaries read through the API server, apart from the pool above: a
+# kubelet that does not answer holds its connection until the timeout, and must not hold up
+# the operator's writes and watches.
+SUMMARY_CONNECTIONS = 8
 
 
 def _message(exc: ApiException) -> str:
@@ -70,6 +76,10 @@ class KubeApi:
     api_client: client.ApiClient
     # {kind: version} of the admission kinds the server serves; filled by served_admission_versions().
     admission_versions: dict = field(default_factory=dict)
+    # How this client reaches the API server (server, CA, credentials); the kubelet client
+    # (controller/kubelet.py) presents the same credentials.
+    configuration: client.Configuration | None = None
+    _summary_client: client.ApiClient | None = None
 
     @classmethod
     async def connect(cls) -> "KubeApi":
@@ -85,10 +95,12 @@ class KubeApi:
             await config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
             )
-        return cls(client.ApiClient(configuration))
+        return cls(client.ApiClient(configuration), configuration=configuration)
 
     async def close(self) -> None:
         await self.api_client.close()
+        if self._summary_client is not None:
+            await self._summary_client.close()
 
     def identify(self, identity: str) -> None:
         """Name this replica in the User-Agent, so the API server's audit log tells replicas apart."""
@@ -224,6 +236,43 @@ class KubeApi:
                     served[kind] = version
         self.admission_versions = served
         return served
+
+    # --- kubelet Summaries through the API server's node proxy (needs nodes/proxy get) ---
+
+    async def read_node_summary(self, node: str, timeout_s: float) -> object:
+        """The kubelet's Summary of `node` (GET /api/v1/nodes/NODE/proxy/stats/summary), as
+        `kubectl get --raw` prints it, parsed within its size bound (docs/inputs.md), on a
+        connection pool of its own."""
+        if self._summary_client is None:
+            configuration = copy.copy(self.configuration or self.api_client.configuration)
+            configuration.connection_pool_maxsize = SUMMARY_CONNECTIONS
+            self._summary_client = client.ApiClient(configuration)
+        api_client = self._summary_client
+        what = f"read the Summary of node {node}"
+        try:
+            serialized = await api_client.param_serialize(
+                method="GET", resource_path=f"/api/v1/nodes/{quote(node, safe='')}/proxy/stats/summary",
+                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+            response = await api_client.call_api(*serialized, _request_timeout=timeout_s)
+            data = await response.read()
+        except (ApiException, *_NETWORK_ERRORS) as exc:
+            raise _translate(exc, what) from None
+        if response.status >= 400:
+            text = data.decode("utf-8", "replace")[:1000]
+            raise _translate(ApiException(status=response.status, reason=response.reason, body=text), what)
+        try:
+            return bounded.load_json(data, f"the Summary of node {node}", walk=False)
+        except bounded.InputError as exc:
+            raise TransientApiError(None, str(exc)) from None
+
+    async def list_all(self, kind_name: str, label_selector: str | None = None, page_size: int = 500) -> list[dict]:
+        """Every object of a collection, read a page at a time (for the CLI's one-off survey)."""
+        found, continue_token = [], None
+        while True:
+            page, _, continue_token = await self.list_page(kind_name, page_size, continue_token, label_selector)
+            found.extend(page)
+            if not continue_token:
+                return found
 
     # --- list and watch for the informers (no model round-trip: 20,000 pods stay cheap) ----
 

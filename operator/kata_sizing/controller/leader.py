@@ -19,6 +19,7 @@ Defaults are client-go's and controller-runtime's: 15 s lease, 10 s renew deadli
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import random
@@ -186,6 +187,25 @@ class LeaderElector:
 _ELECTORS: dict[int, LeaderElector] = {}
 
 
+_EVENT_QUEUES: dict[int, asyncio.Queue] = {}  # id(settings) -> kopf's event queue
+
+
+def kopf_event_context(settings) -> contextvars.Context | None:
+    """A copy of the current context in which kopf.event() posts, or None before kopf's
+    orchestrator started. kopf sets its event queue only inside its object handlers; a task
+    started elsewhere (the pass queue, started when this replica becomes the leader) needs it.
+    install_kopf_gate captures the queue from the orchestrator's processor."""
+    queue = _EVENT_QUEUES.get(id(settings))
+    if queue is None:
+        return None
+    from kopf._core.engines import posting
+
+    context = contextvars.copy_context()
+    context.run(posting.event_queue_var.set, queue)
+    context.run(posting.event_queue_loop_var.set, asyncio.get_running_loop())
+    return context
+
+
 def gate_kopf(settings, elector: LeaderElector) -> None:
     """Pause the kopf operator that runs with `settings` whenever `elector` does not lead."""
     _ELECTORS[id(settings)] = elector
@@ -206,6 +226,9 @@ def install_kopf_gate() -> None:
     original = orchestration.orchestrator
 
     async def orchestrator(*, settings, operator_paused, **kwargs) -> None:
+        queue = getattr(kwargs.get("processor"), "keywords", {}).get("event_queue")
+        if queue is not None:
+            _EVENT_QUEUES[id(settings)] = queue
         elector = _ELECTORS.get(id(settings))
         if elector is not None:
             toggle = await operator_paused.make_toggle(not elector.is_leader, name="not the leader (Lease)")

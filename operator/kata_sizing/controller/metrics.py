@@ -15,6 +15,10 @@ logic stays free of instrumentation. The metrics are kept in a registry of their
                                                         leader's only: a replica that does not lead has none)
     kata_sizing_webhook_admissions_total{result}        allowed | warned | denied
     kata_sizing_informer_objects{collection}            objects held by the list+watch caches
+    kata_sizing_summary_reads_total{result}             kubelet Summaries read (ok) or not (error)
+    kata_sizing_pods_headroom_low{policy, class}        pods whose headroom is under the threshold
+    kata_sizing_pod_headroom_min_bytes{policy, class}   the least headroom over the window
+    kata_sizing_pod_overhead_bytes{policy, class, quantile}   overhead used: 0.5, 0.99, 1 (the max)
 
 The counters are process-wide, as Prometheus clients keep them; tests read deltas.
 """
@@ -78,6 +82,11 @@ ADMISSIONS = Counter(
     ["result"], registry=REGISTRY,
 )
 
+SUMMARY_READS = Counter(
+    "kata_sizing_summary_reads", "kubelet Summaries read by the measurement: ok, or error (the node skipped).",
+    ["result"], registry=REGISTRY,
+)
+
 RESULT_OK, RESULT_INVALID, RESULT_CONFLICT, RESULT_ERROR = "ok", "invalid", "conflict", "error"
 
 
@@ -87,6 +96,7 @@ class _ClusterState(Collector):
     def __init__(self) -> None:
         self.conditions: dict[str, dict[str, str]] = {}  # policy -> {type: status}
         self.informers: list[Any] = []  # objects with .collection and .items
+        self.measurement: Any = None  # the measurement loop (controller/measurement.py), only on the leader
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         policies = GaugeMetricFamily(
@@ -107,6 +117,30 @@ class _ClusterState(Collector):
         for informer in self.informers:
             cached.add_metric([informer.collection], len(informer.items))
         yield cached
+        yield from self._measurement()
+
+    def _measurement(self) -> Iterator[GaugeMetricFamily]:
+        low = GaugeMetricFamily(
+            "kata_sizing_pods_headroom_low",
+            "Pods whose headroom (cgroup limit - working set) is under the policy's headroomWarning: "
+            "their VMM is close to an OOM kill.", labels=["policy", "class"])
+        headroom = GaugeMetricFamily(
+            "kata_sizing_pod_headroom_min_bytes", "The least headroom of a pod of the class over the window.",
+            labels=["policy", "class"])
+        overhead = GaugeMetricFamily(
+            "kata_sizing_pod_overhead_bytes",
+            "Overhead used (pod working set - containers' working sets) over the window; quantile 1 is the max.",
+            labels=["policy", "class", "quantile"])
+        for policy, class_name, figures in (self.measurement.gauges() if self.measurement is not None else []):
+            low.add_metric([policy, class_name], figures["under_threshold"])
+            if figures["min_headroom"] is not None:
+                headroom.add_metric([policy, class_name], figures["min_headroom"])
+            for quantile, key in (("0.5", "p50"), ("0.99", "p99"), ("1", "max")):
+                if figures[key] is not None:
+                    overhead.add_metric([policy, class_name, quantile], figures[key])
+        yield low
+        yield headroom
+        yield overhead
 
 
 STATE = _ClusterState()
@@ -188,6 +222,14 @@ def track_informers(informers: list[Any]) -> None:
     STATE.informers = list(informers)
 
 
+def track_measurement(loop: Any) -> None:
+    STATE.measurement = loop
+
+
+def summary_read(ok: bool) -> None:
+    SUMMARY_READS.labels("ok" if ok else "error").inc()
+
+
 # --- the HTTP endpoint ------------------------------------------------------------------
 
 
@@ -208,7 +250,8 @@ async def serve(
     async def readyz(_: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ok\n")
-        return web.Response(status=503, text="not ready: the caches have not synced yet\n")
+        return web.Response(status=503,
+                            text="not ready: the caches have not synced or the webhook does not listen yet\n")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

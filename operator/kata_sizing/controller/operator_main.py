@@ -13,6 +13,7 @@ import kopf
 from kopf._core.engines.admission import WebhookError
 
 from . import policy_webhook
+from .leader import default_identity
 from ..core import bounded
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,18 @@ class BoundedWebhookServer(kopf.WebhookServer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.routes: dict[str, Callable[[dict], Awaitable[dict]]] = {}
+        # kopf opens the server only after its first API scan, which can come after the caches
+        # have synced: /readyz waits for this too, so the Service sends no review to a replica
+        # that cannot answer it yet.
+        self.listening = False
+
+    async def __call__(self, fn):  # noqa: ANN001 - kopf's
+        try:
+            async for client_config in super().__call__(fn):
+                self.listening = True
+                yield client_config
+        finally:
+            self.listening = False
 
     async def _serve(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # noqa: ANN001 - kopf's
         try:
@@ -110,9 +123,11 @@ class MetricsOptions:
     addr: str = "0.0.0.0"  # the kubelet and Prometheus reach the pod IP, not loopback
 
 
-def install_metrics(registry: kopf.OperatorRegistry, options: MetricsOptions) -> None:
+def install_metrics(registry: kopf.OperatorRegistry, options: MetricsOptions,
+                    webhook_listening: Callable[[], bool] = lambda: True) -> None:
     """Serve /metrics and /readyz from a startup handler that runs after the operator's own
-    (registered later), so the informers it reports on exist; ready once they have synced."""
+    (registered later), so the informers it reports on exist; ready once they have synced and
+    the webhook server (when there is one) listens."""
     from . import metrics
 
     async def start(memo: kopf.Memo, **_) -> None:
@@ -120,7 +135,7 @@ def install_metrics(registry: kopf.OperatorRegistry, options: MetricsOptions) ->
         metrics.track_informers(informers)
         memo.metrics_runner, memo.metrics_port = await metrics.serve(
             options.addr, options.port,
-            ready=lambda: all(informer.synced.is_set() for informer in informers),
+            ready=lambda: all(informer.synced.is_set() for informer in informers) and webhook_listening(),
         )
 
     async def stop(memo: kopf.Memo, **_) -> None:
@@ -144,7 +159,7 @@ def configure_logging(log_format: str) -> None:
 def run_operator(
     liveness: str | None, standalone: bool, namespace: str | None = None,
     webhook: WebhookOptions | None = None, metrics: MetricsOptions | None = None,
-    log_format: str = "text", lease=None,
+    log_format: str = "text", lease=None, kubelet=None,
 ) -> int:
     from .handlers import build_registry
 
@@ -154,7 +169,9 @@ def run_operator(
         configure_webhook(settings, webhook)
     registry = build_registry(admission=webhook is not None)
     if metrics is not None:
-        install_metrics(registry, metrics)
+        server = settings.admission.server
+        install_metrics(registry, metrics, **(
+            {"webhook_listening": lambda: server.listening} if isinstance(server, BoundedWebhookServer) else {}))
     asyncio.run(kopf.operator(
         registry=registry,
         settings=settings,
@@ -162,7 +179,11 @@ def run_operator(
         clusterwide=namespace is None,
         namespaces=[namespace] if namespace else (),
         liveness_endpoint=liveness,
+        # Without one, kopf names itself after the user from /etc/passwd (getpass), and the
+        # kubelet, unlike podman, adds no entry for the pod's runAsUser: the operator died at
+        # start-up on a real node (docs/testing.md).
+        identity=lease.identity if lease is not None else default_identity(),
         # With a Lease the handlers start only once this replica holds it (see leader.py).
-        memo=kopf.Memo(lease=lease),
+        memo=kopf.Memo(lease=lease, kubelet=kubelet),
     ))
     return 0

@@ -264,6 +264,10 @@ class Gathered:
     nodes_known: bool = False
     unmanaged: tuple | None = None  # audit findings on Kata RuntimeClasses no policy manages
     pod_findings: tuple | None = None
+    # status.measurement and status.proposal as measured and refitted (docs/measurement.md):
+    # None leaves the status's as it was, {} removes it.
+    measurement: Mapping | None = None
+    proposal: Mapping | None = None
     webhook_serving: bool | None = None
     # Drift already reported, as (key, resourceVersion); events already posted, by reason.
     reported: frozenset = frozenset()

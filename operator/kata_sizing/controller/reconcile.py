@@ -14,12 +14,13 @@ from typing import Protocol
 from . import metrics
 from .api_errors import Conflict, Invalid, NotFound
 from .execute import DONE, execute
-from .gather import gather
+from .gather import gather, policy_sizing
+from .measurement import measured_policy
 from .kinds import describe, policy_key
 from .plan import plan_deletion, plan_pass, policy_ref
 from .retry import CONFLICT_ATTEMPTS
 from .state import OperatorState
-from .status import Conclusion, conclude, status_changed
+from .status import Conclusion, conclude, status_changed, status_patch
 
 log = logging.getLogger("kata_sizing.reconcile")
 
@@ -36,6 +37,7 @@ class RetryLater(Exception):
 async def run_pass(
     state: OperatorState, body: dict, trigger: str, sink: EventSink, *, facts: tuple | None = None,
     findings: list | None = None, pods: list[dict] | None = None, landed: list[str] | None = None,
+    reread_survey: bool = True,
 ) -> Conclusion:
     """One pass of one policy. `landed` collects the writes as they land (the metrics' record of
     the pass, complete even when the pass fails). API errors propagate after the pass is
@@ -46,7 +48,12 @@ async def run_pass(
         # What this replica last wrote is the status (nobody else writes these fields), even
         # when the body kopf hands a timer is older than that write.
         body = {**body, "status": state.written_status[name]}
-    gathered = await gather(state, body, trigger, facts, findings, pods)
+    sizing = policy_sizing(state, body)
+    if sizing is not None and state.measurement is not None:
+        # What to measure follows the policy's last valid generation (an invalid one goes on
+        # measuring what its last valid one asked for).
+        state.measurement.configure(measured_policy(sizing, policy_ref(body)), name)
+    gathered = await gather(state, body, trigger, facts, findings, pods, reread_survey=reread_survey)
     plan = plan_pass(gathered)
     if plan.intent.desired is not None:
         state.desired.put(plan.intent.desired)  # before writing, so our own writes never look like drift
@@ -67,12 +74,10 @@ async def run_pass(
     for field_name, increment in conclusion.counts.items():
         counts[field_name] = counts.get(field_name, 0) + increment
     if outcome.error is not None:
-        await flush_counts(state, name)
+        await write_status(state, name, None)  # the drift counts of what did land
         raise outcome.error
     metrics.policy_status(name, conclusion.status)
-    if status_changed(body, conclusion.status):
-        await _write_status(state, name, conclusion.status)
-    await flush_counts(state, name)
+    await write_status(state, name, conclusion.status if status_changed(body, conclusion.status) else None)
     if conclusion.retry_reason:
         raise RetryLater(conclusion.retry_reason)
     return conclusion
@@ -84,51 +89,36 @@ def remember_body(state: OperatorState, body: dict) -> None:
         state.policies[name] = body
 
 
-async def _write_status(state: OperatorState, name: str, status: dict) -> None:
-    try:
-        written = await state.api.patch_status(policy_key(name), {"status": status})
-    except NotFound:
-        return  # the policy is gone; nothing to report on
-    remember_body(state, written)
-    state.written_status[name] = written.get("status") or status
-
-
-async def flush_counts(state: OperatorState, name: str) -> None:
-    """Add the pending drift counts to status.driftCorrections/driftDetected: a JSON patch that
-    tests the value it read, re-read and retried on a lost race; the counts stay pending (and
-    the caller's pass is retried) rather than lost."""
+async def write_status(state: OperatorState, name: str, status: dict | None) -> None:
+    """Write a pass's status (None: unchanged) and its pending drift counts in one request: a
+    merge patch when there is nothing to count, else status.status_patch's JSON patch, which
+    tests the counters it read and is re-read and rebuilt on a lost race. The counts stay
+    pending (and the caller's pass is retried) rather than lost."""
     pending = {k: v for k, v in (state.pending_counts.get(name) or {}).items() if v}
-    if not pending:
+    if not pending and status is None:
         return
     body = state.policies.get(name)
     for _ in range(CONFLICT_ATTEMPTS):
-        if body is None:
+        if pending and body is None:
             body = await state.api.read(policy_key(name))
             if body is None:
                 state.pending_counts.pop(name, None)  # the policy is gone
                 return
-        status = body.get("status") or {}
-        if all(status.get(k) is not None for k in pending):
-            ops = [op for k, n in pending.items() for op in (
-                {"op": "test", "path": f"/status/{k}", "value": status[k]},
-                {"op": "replace", "path": f"/status/{k}", "value": status[k] + n})]
-        elif body.get("status"):
-            # A counter does not exist yet: guard on the whole status instead.
-            ops = [{"op": "test", "path": "/status", "value": status}] + [
-                {"op": "add", "path": f"/status/{k}", "value": (status.get(k) or 0) + n} for k, n in pending.items()]
-        else:
-            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"].get("resourceVersion")},
-                   {"op": "add", "path": "/status", "value": dict(pending)}]
+        patch = status_patch(body, status, pending) if pending else {"status": status}
         try:
-            written = await state.api.patch_status(policy_key(name), ops)
+            written = await state.api.patch_status(policy_key(name), patch)
         except (Conflict, Invalid):
+            if not pending:
+                raise
             body = None  # somebody else wrote the status since it was read
             continue
         except NotFound:
             state.pending_counts.pop(name, None)
-            return
+            return  # the policy is gone; nothing to report on
         state.pending_counts.pop(name, None)
         remember_body(state, written)
+        if status is not None:
+            state.written_status[name] = written.get("status") or status
         return
     raise Conflict(409, f"{describe(policy_key(name))}: the drift counters kept changing; "
                         f"{pending} kept for the next try")

@@ -84,6 +84,10 @@ class OperatorState:
     work: WorkQueue | None = None
     leader: LeaderElector | None = None
     webhook_serving: bool = False
+    # The measurement of the policies' pods (measurement.MeasurementLoop) and, reading on the
+    # kubelets' own port, their client (kubelet.DirectKubelets); docs/measurement.md.
+    measurement: Any = None
+    kubelets: Any = None
     desired: DesiredCache = field(default_factory=DesiredCache)
     # One lock per policy: its passes, drift passes and deletion never overlap.
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -139,6 +143,8 @@ class OperatorState:
         self.reported.pop(policy_name, None)
         self.pending_counts.pop(policy_name, None)
         self.queued.pop(policy_name, None)
+        if self.measurement is not None:
+            self.measurement.configure(None, policy_name)
 
     def forget_leadership(self) -> None:
         """This replica stopped leading: what it announced and reported is another replica's
@@ -146,3 +152,5 @@ class OperatorState:
         self.reported.clear()
         self.announced.clear()
         self.written_status.clear()
+        if self.measurement is not None:
+            self.measurement.forget()  # the leader reads the kubelets and exports the gauges

@@ -34,6 +34,9 @@ class Findings:
     nodes: dict | None = None
     unmanaged: list[dict] | None = None
     pod_audit: dict | None = None
+    # None leaves status.measurement / status.proposal as they were, {} removes them.
+    measurement: dict | None = None
+    proposal: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def class_status(sizing: PolicySizing) -> list[dict]:
 
 OWNED_STATUS_FIELDS = (
     "observedGeneration", "runtime", "classNames", "conditions", "classes", "warnings", "overhead", "nodes",
-    "unmanagedRuntimeClasses", "podAudit",
+    "unmanagedRuntimeClasses", "podAudit", "measurement", "proposal",
 )
 # status.podAudit lists at most this many pods (the counts cover them all): a status object
 # stays far below etcd's 1.5 MiB request limit whatever the number of pods breaking a rule.
@@ -201,12 +204,60 @@ def compute_status(body: Mapping, result: Findings, sizing: PolicySizing | None)
     pod_audit = result.pod_audit if result.pod_audit is not None else previous.get("podAudit")
     if pod_audit is not None:
         status["podAudit"] = pod_audit
+    for key, value in (("measurement", result.measurement), ("proposal", result.proposal)):
+        if value is None:
+            if previous.get(key) is not None:
+                status[key] = previous[key]
+        elif value:
+            status[key] = dict(value)
+        elif previous.get(key) is not None:
+            status[key] = None  # a merge patch's null removes the field
     return status
 
 
 def status_changed(body: Mapping, status: dict) -> bool:
     previous = body.get("status") or {}
     return any(previous.get(k) != status.get(k) for k in OWNED_STATUS_FIELDS)
+
+
+def merged(target, patch):
+    """`patch` applied to `target` as a JSON merge patch applies it (RFC 7386: null removes)."""
+    if not isinstance(patch, Mapping):
+        return patch
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged(result.get(key), value)
+    return result
+
+
+def status_patch(body: Mapping, status: Mapping | None, counts: Mapping[str, int]) -> list[dict]:
+    """One JSON patch of the status subresource that writes `status` (the fields a pass owns,
+    as its merge patch would write them over `body`'s status) and adds `counts` to the drift
+    counters, with `test` operations on the counters as `body` holds them: a concurrent
+    increment makes the server refuse the whole patch (re-read and build it again), so no
+    count is lost or added twice (docs/operation.md: Status)."""
+    previous = body.get("status") or {}
+    fields = dict(status or {})
+    if not previous:
+        whole = merged({}, fields)
+        for key, n in counts.items():
+            whole[key] = whole.get(key, 0) + n
+        return [{"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"].get("resourceVersion")},
+                {"op": "add", "path": "/status", "value": whole}]
+    if all(previous.get(key) is not None for key in counts):
+        ops = [{"op": "test", "path": f"/status/{key}", "value": previous[key]} for key in counts]
+    else:
+        ops = [{"op": "test", "path": "/status", "value": previous}]  # a counter does not exist yet
+    for key, value in fields.items():
+        if value is not None:
+            ops.append({"op": "add", "path": f"/status/{key}", "value": merged(previous.get(key), value)})
+        elif key in previous:
+            ops.append({"op": "remove", "path": f"/status/{key}"})
+    ops += [{"op": "add", "path": f"/status/{key}", "value": (previous.get(key) or 0) + n} for key, n in counts.items()]
+    return ops
 
 
 
@@ -382,6 +433,8 @@ def conclude(gathered: Gathered, plan: Plan, outcome: Outcome) -> Conclusion:
                 f"{len(findings.unmanaged)} finding(s) on Kata RuntimeClasses no policy manages "
                 f"({len(errors)} error(s)); see status.unmanagedRuntimeClasses. First: "
                 f"{findings.unmanaged[0]['runtimeClass']}: {findings.unmanaged[0]['message']}")))
+    findings.measurement = dict(gathered.measurement) if gathered.measurement is not None else None
+    findings.proposal = dict(gathered.proposal) if gathered.proposal is not None else None
     if gathered.pod_findings is not None:
         findings.pod_audit = pod_audit_status(list(gathered.pod_findings))
         event = pod_audit_event(announcements, body, findings.pod_audit)

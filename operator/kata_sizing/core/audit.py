@@ -21,7 +21,7 @@ from . import defaults
 from .defaults import Runtime, ShimInfo
 from . import bounded
 from .kubegrammar import is_dns_label
-from .quantity import QuantityError, cpu_cores, format_cpu, format_memory, format_vcpus, memory_bytes, shown
+from .quantity import QuantityError, cpu_cores, format_vcpus, memory_bytes, shown
 from .rules import (  # noqa: F401  (Rule and Severity are part of this module's API)
     HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter,
     overhead_disabled, read_drop_in,

@@ -1,12 +1,25 @@
 """Fit Kata's guest overhead as a function of VM size from measured survey rows.
 
-A survey row is one sandbox measured from inside and outside (docs/sizing-model.md):
+A survey row is one sandbox (docs/sizing-model.md). Measured by hand from inside and outside:
 inside the guest, `free -m` gives `total` (what the kernel left to userland) and `used`
 (the guest daemons); on the host, the pod cgroup's `memory.current` covers the VM plus
 the shim and VMM. From these:
 
 - unusable (MiB) = vm_nominal - free_total + free_used: memory a container cannot have;
-- host (MiB)     = memory.current / MiB - vm_nominal.
+- host (MiB)     = memory.current / MiB - vm_nominal, once the VM is fully resident
+  (memory.current >= vm_nominal: the guest has touched all of its memory).
+
+Measured from the host only (`kata-sizing survey`: the kubelet's Summary, docs/measurement.md),
+a row has no `free` split; it has the pod cgroup's working set and its containers':
+
+- overhead used (MiB) = pod working set - containers' working sets: what the pod holds
+  beyond its workload, i.e. the VM's non-workload pages that are resident plus the host side.
+
+Such a row gives the host side when its VM is fully resident, and nothing about the guest's
+split then (all of the VM is resident whatever the guest keeps). When the VM is not fully
+resident its overhead used, less the host side, stands in for the unusable memory: pages the
+guest never touched are not in it, page cache it holds is; docs/measurement.md says what this
+can and cannot tell.
 
 `fit_overhead` fits unusable(V) = base + ratio * V as an upper envelope: every sample is
 covered, because the fit becomes a budget and an uncovered sample is a pod that gets
@@ -49,7 +62,19 @@ _COLUMNS = (
     "free_used_mib",
     "pod_cgroup_memory_current_bytes",
 )
-_OPTIONAL = frozenset({"pod_cgroup_memory_current_bytes"})
+# Written by `kata-sizing survey`: the kubelet's figures (bytes) and where a row came from.
+HOST_COLUMNS = (
+    "pod_working_set_bytes",
+    "containers_working_set_bytes",
+    "pod_cgroup_limit_bytes",
+)
+TEXT_COLUMNS = ("node", "pod", "class")
+_KNOWN = (*TEXT_COLUMNS, *_COLUMNS, *HOST_COLUMNS)
+# Required in the header; a row then needs either the guest's figures (free_*) or the
+# kubelet's (the two working sets), see _row_rules.
+_REQUIRED = ("container_limit_mib", "vm_nominal_mib")
+_GUEST = ("free_total_mib", "free_used_mib")
+_KUBELET = ("pod_working_set_bytes", "containers_working_set_bytes")
 # Header spellings after _normalise_header: the canonical names, the same without the
 # unit suffix, and the wording of the survey table in docs/sizing-model.md.
 _ALIASES = {
@@ -63,13 +88,16 @@ _ALIASES = {
     "free_used": "free_used_mib",
     "pod_cgroup_memory_current_bytes": "pod_cgroup_memory_current_bytes",
     "pod_cgroup_memory_current": "pod_cgroup_memory_current_bytes",
+    **{name: name for name in (*HOST_COLUMNS, *TEXT_COLUMNS)},
+    "class_name": "class",
 }
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 # Bounds on a survey file (docs/inputs.md): no measurement needs more digits or rows.
 MAX_ROWS = 10_000
 MAX_CELL_CHARS = 32
-MAX_LINE_CHARS = 512
+MAX_TEXT_CHARS = 320  # namespace/name: 63 + 1 + 253
+MAX_LINE_CHARS = 1024
 
 
 class CalibrationError(ValueError):
@@ -90,71 +118,118 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One measured sandbox. Sizes in MiB; `pod_cgroup_memory_current_bytes` in bytes.
+    """One measured sandbox. Sizes in MiB, `*_bytes` in bytes; a figure not measured is None.
 
-    `line` is where the row came from, so fit errors can point back at the file.
-    """
+    A row has the guest's figures (free_total_mib and free_used_mib, measured by hand) or the
+    kubelet's (pod_working_set_bytes and containers_working_set_bytes, from `survey`), or both.
+    `line` is where the row came from, so fit errors can point back at the file; `node`, `pod`
+    and `class_name` say which pod it was (a survey writes them)."""
 
     container_limit_mib: Decimal
     vm_nominal_mib: Decimal
-    free_total_mib: Decimal
-    free_used_mib: Decimal
+    free_total_mib: Decimal | None = None
+    free_used_mib: Decimal | None = None
     pod_cgroup_memory_current_bytes: int | None = None
     line: int | None = field(default=None, compare=False)
+    pod_working_set_bytes: int | None = None
+    containers_working_set_bytes: int | None = None
+    pod_cgroup_limit_bytes: int | None = None
+    node: str | None = field(default=None, compare=False)
+    pod: str | None = field(default=None, compare=False)
+    class_name: str | None = None
 
     def __post_init__(self) -> None:
         for name in _COLUMNS[:4]:
             value = getattr(self, name)
+            if value is None and name in _GUEST:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
                 raise TypeError(f"{name} must be an int or Decimal, not {value!r}")
             object.__setattr__(self, name, Decimal(value))
-        current = self.pod_cgroup_memory_current_bytes
-        if current is not None and (isinstance(current, bool) or not isinstance(current, int)):
-            raise TypeError(f"pod_cgroup_memory_current_bytes must be an int, not {current!r}")
+        for name in ("pod_cgroup_memory_current_bytes", *HOST_COLUMNS):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an int, not {value!r}")
         problems = _row_rules(self)
         if problems:
             where = "" if self.line is None else f"line {self.line}: "
             raise CalibrationError([where + problem for problem in problems])
 
     @property
-    def unusable_mib(self) -> Fraction:
-        """Memory of the VM that no container can use: the kernel's share plus daemons."""
+    def measured_in_guest(self) -> bool:
+        return self.free_total_mib is not None and self.free_used_mib is not None
+
+    @property
+    def measured_by_kubelet(self) -> bool:
+        return self.pod_working_set_bytes is not None and self.containers_working_set_bytes is not None
+
+    @property
+    def unusable_mib(self) -> Fraction | None:
+        """Memory of the VM that no container can use: the kernel's share plus daemons (only
+        measured inside the guest)."""
+        if not self.measured_in_guest:
+            return None
         return Fraction(self.vm_nominal_mib - self.free_total_mib + self.free_used_mib)
 
     @property
-    def host_mib(self) -> Fraction | None:
-        """The shim and VMM on the host: what the pod cgroup holds beyond the VM."""
-        if self.pod_cgroup_memory_current_bytes is None:
+    def overhead_used_mib(self) -> Fraction | None:
+        """What the pod cgroup holds beyond its containers (only from the kubelet)."""
+        if not self.measured_by_kubelet:
             return None
-        return Fraction(self.pod_cgroup_memory_current_bytes, MIB) - Fraction(self.vm_nominal_mib)
+        return Fraction(self.pod_working_set_bytes - self.containers_working_set_bytes, MIB)
+
+    @property
+    def resident(self) -> bool:
+        """The VM is fully resident: the pod cgroup holds at least the VM's nominal memory."""
+        held = self.pod_cgroup_memory_current_bytes
+        if held is None:
+            held = self.pod_working_set_bytes
+        return held is not None and held >= self.vm_nominal_mib * MIB
+
+    @property
+    def host_mib(self) -> Fraction | None:
+        """The shim and VMM on the host: what the pod cgroup holds beyond a fully resident VM."""
+        if not self.resident:
+            return None
+        held = self.pod_cgroup_memory_current_bytes
+        if held is None:
+            held = self.pod_working_set_bytes
+        return Fraction(held, MIB) - Fraction(self.vm_nominal_mib)
 
 
 def _row_rules(sample: Sample) -> list[str]:
     problems = [
         f"{name} {getattr(sample, name)} is negative"
-        for name in _COLUMNS[:4]
-        if getattr(sample, name) < 0
+        for name in (*_COLUMNS, *HOST_COLUMNS)
+        if getattr(sample, name) is not None and getattr(sample, name) < 0
     ]
-    current = sample.pod_cgroup_memory_current_bytes
-    if current is not None and current < 0:
-        problems.append(f"pod_cgroup_memory_current_bytes {current} is negative")
     if problems:
         return problems
     vm, total, used = sample.vm_nominal_mib, sample.free_total_mib, sample.free_used_mib
+    if (total is None) != (used is None):
+        problems.append("free_total_mib and free_used_mib go together: give both or neither")
+    if (sample.pod_working_set_bytes is None) != (sample.containers_working_set_bytes is None):
+        problems.append("pod_working_set_bytes and containers_working_set_bytes go together: give both or neither")
+    if not problems and not sample.measured_in_guest and not sample.measured_by_kubelet:
+        problems.append(
+            "no measurement: give free_total_mib and free_used_mib (from `free -m` in the guest) or "
+            "pod_working_set_bytes and containers_working_set_bytes (from the kubelet: kata-sizing survey)")
     if vm == 0:
         problems.append("vm_nominal_mib is 0; a VM has memory")
-    if total > vm:
+    if total is not None and total > vm:
         problems.append(f"free_total_mib {total} is larger than vm_nominal_mib {vm}")
-    if used > total:
+    if used is not None and total is not None and used > total:
         problems.append(f"free_used_mib {used} is larger than free_total_mib {total}")
     if sample.container_limit_mib > vm:
         problems.append(
             f"container_limit_mib {sample.container_limit_mib} is larger than "
             f"vm_nominal_mib {vm}; both runtimes add the limit to the VM"
         )
+    current = sample.pod_cgroup_memory_current_bytes
     # memory.current counts only resident pages; below the VM's size the guest had not
-    # touched all of its memory yet, and the difference says nothing about the host side.
-    if current is not None and current < vm * MIB:
+    # touched all of its memory yet, and the difference says nothing about the host side. A
+    # row from the kubelet is kept: its overhead used still counts (see the module docstring).
+    if current is not None and current < vm * MIB and not sample.measured_by_kubelet:
         problems.append(
             f"pod_cgroup_memory_current_bytes {current} is less than vm_nominal_mib {vm} "
             f"({vm * MIB} bytes): the VM was not fully resident; measure again after the "
@@ -223,28 +298,40 @@ def parse_samples_csv(text: str) -> list[Sample]:
             )
             continue
         values: dict[str, Decimal | None] = {}
+        texts: dict[str, str | None] = {}
         row_problems: list[str] = []
         for column, cell in zip(columns, cells, strict=True):
-            if column in _OPTIONAL and not cell:
-                values[column] = None
-                continue
-            value, problem = _number(column, cell, integer=column.endswith("_bytes"))
-            values[column] = value
+            if column in TEXT_COLUMNS:
+                texts[column], problem = _text(column, cell)
+            elif column not in _REQUIRED and not cell:
+                values[column], problem = None, None
+            else:
+                values[column], problem = _number(column, cell, integer=column.endswith("_bytes"))
             if problem:
                 row_problems.append(f"line {number}: {problem}")
         if row_problems:
             problems.extend(row_problems)
             continue
-        current = values.get("pod_cgroup_memory_current_bytes")
+
+        def whole(column: str) -> int | None:
+            value = values.get(column)
+            return None if value is None else int(value)
+
         try:
             samples.append(
                 Sample(
                     container_limit_mib=_required(values["container_limit_mib"]),
                     vm_nominal_mib=_required(values["vm_nominal_mib"]),
-                    free_total_mib=_required(values["free_total_mib"]),
-                    free_used_mib=_required(values["free_used_mib"]),
-                    pod_cgroup_memory_current_bytes=None if current is None else int(current),
+                    free_total_mib=values.get("free_total_mib"),
+                    free_used_mib=values.get("free_used_mib"),
+                    pod_cgroup_memory_current_bytes=whole("pod_cgroup_memory_current_bytes"),
                     line=number,
+                    pod_working_set_bytes=whole("pod_working_set_bytes"),
+                    containers_working_set_bytes=whole("containers_working_set_bytes"),
+                    pod_cgroup_limit_bytes=whole("pod_cgroup_limit_bytes"),
+                    node=texts.get("node"),
+                    pod=texts.get("pod"),
+                    class_name=texts.get("class"),
                 )
             )
         except CalibrationError as exc:
@@ -259,6 +346,19 @@ def _required(value: Decimal | None) -> Decimal:
     return value
 
 
+_TEXT = re.compile(r"[A-Za-z0-9._/-]*", re.ASCII)
+
+
+def _text(column: str, text: str) -> tuple[str | None, str | None]:
+    """A node, pod (namespace/name) or class name: Kubernetes names, so letters, digits, '.', '-',
+    '/' (and '_' for good measure); anything else is not a name and is refused, not printed."""
+    if len(text) > MAX_TEXT_CHARS:
+        return None, f"{column}: {text[:MAX_CELL_CHARS]!r}... is longer than {MAX_TEXT_CHARS} characters"
+    if not _TEXT.fullmatch(text):
+        return None, f"{column}: {text[:MAX_CELL_CHARS]!r} is not a Kubernetes name"
+    return text or None, None
+
+
 def _parse_header(number: int, text: str) -> tuple[list[str], list[str]]:
     columns: list[str] = []
     problems: list[str] = []
@@ -268,12 +368,18 @@ def _parse_header(number: int, text: str) -> tuple[list[str], list[str]]:
             # Unknown columns are refused rather than skipped: a misspelt optional
             # column would otherwise silently drop the host measurement.
             problems.append(
-                f"line {number}: unknown column {raw!r} (known: {', '.join(_COLUMNS)})"
+                f"line {number}: unknown column {raw!r} (known: {', '.join(_KNOWN)})"
             )
         elif canonical in columns:
             problems.append(f"line {number}: column {canonical} appears twice")
         columns.append(canonical or raw)
-    missing = [c for c in _COLUMNS if c not in columns and c not in _OPTIONAL]
+    missing = [c for c in _REQUIRED if c not in columns]
+    for pair in (_GUEST, _KUBELET):
+        if any(c in columns for c in pair):
+            missing += [c for c in pair if c not in columns]
+    if not any(c in columns for c in (*_GUEST, *_KUBELET)):
+        missing.append(f"{' and '.join(_GUEST)} (measured in the guest), or {' and '.join(_KUBELET)} "
+                       "(from the kubelet)")
     if missing:
         problems.append(f"line {number}: missing column(s) {', '.join(missing)}")
     return columns, problems
@@ -281,14 +387,20 @@ def _parse_header(number: int, text: str) -> tuple[list[str], list[str]]:
 
 @dataclass(frozen=True)
 class Fit:
-    """unusable(V) = base_mib + ratio * V, covering every sample, plus the host side."""
+    """unusable(V) = base_mib + ratio * V, covering every sample, plus the host side.
+
+    `host_mib` is measured (the largest host side of a fully resident VM) or None; the guest
+    points of kubelet rows were then taken with `assumed_host_mib` (the policy's hostMemory).
+    `residuals_mib` has one entry per guest point, in the order of the samples that gave one."""
 
     base_mib: int
     ratio: Decimal
     host_mib: int | None
     residuals_mib: tuple[Decimal, ...]
-    max_guest_daemons_mib: Decimal
+    max_guest_daemons_mib: Decimal | None
     margin: Decimal
+    assumed_host_mib: int | None = None
+    notes: tuple[str, ...] = ()
 
     def unusable_mib(self, vm_mib: int | Decimal) -> Decimal:
         """The fitted unusable memory of a VM of `vm_mib` MiB."""
@@ -355,7 +467,20 @@ def _decimal(value: Fraction) -> Decimal:
     return Decimal(value.numerator) / Decimal(value.denominator)
 
 
-def fit_overhead(samples: Sequence[Sample], margin: Decimal = Decimal("0.10")) -> Fit:
+def _guest_point(sample: Sample, host_mib: int | None) -> Fraction | None:
+    """The unusable memory a sample stands for: measured in the guest, or from the kubelet the
+    overhead used less the host side when the VM is not fully resident (a fully resident VM's
+    overhead used is the whole VM less the workload, whatever the guest keeps)."""
+    if sample.measured_in_guest:
+        return sample.unusable_mib
+    if sample.resident or host_mib is None:
+        return None
+    return sample.overhead_used_mib - host_mib
+
+
+def fit_overhead(
+    samples: Sequence[Sample], margin: Decimal = Decimal("0.10"), assumed_host_mib: int | None = None,
+) -> Fit:
     """Fit unusable(V) = base + ratio * V as the tightest line above every sample.
 
     The origin is added as a constraint point (an empty VM loses no memory), which keeps
@@ -363,16 +488,43 @@ def fit_overhead(samples: Sequence[Sample], margin: Decimal = Decimal("0.10")) -
     (a negative slope is noise: the line then sits flat on the highest sample); a ratio of
     0.9 or more is refused. Base is rounded up to whole MiB and ratio up to four places,
     and base is recomputed for the rounded ratio, so the rounded line still covers all.
+
+    Rows from the kubelet (see the module docstring): a fully resident VM gives the host
+    side only; another gives a guest point once the host side is known, measured by a
+    resident row or else `assumed_host_mib` (the policy's hostMemory).
     """
     if isinstance(margin, bool) or not isinstance(margin, (int, Decimal)) or margin < 0:
         raise CalibrationError(f"margin {margin!r} must be a Decimal of zero or more")
-    sizes = {s.vm_nominal_mib for s in samples}
-    if len(samples) < 2 or len(sizes) < 2:
+    hosts = [h for h in (s.host_mib for s in samples) if h is not None]
+    measured_host = math.ceil(max(hosts)) if hosts else None
+    host_for_points = measured_host if measured_host is not None else assumed_host_mib
+    kubelet_only = [s for s in samples if not s.measured_in_guest]
+    if host_for_points is None and any(not s.resident for s in kubelet_only):
+        raise CalibrationError(
+            "no row measures the host side (no VM was fully resident) and no host side to assume: "
+            "give the policy (--policy, its hostMemory is used) or --host-memory"
+        )
+    guest = [(s, _guest_point(s, host_for_points)) for s in samples]
+    guest = [(s, y) for s, y in guest if y is not None]
+    notes = []
+    resident_only = [s for s in kubelet_only if s.resident]
+    if resident_only:
+        notes.append(
+            f"{len(resident_only)} row(s) from the kubelet had a fully resident VM (pod memory >= vm_nominal_mib): "
+            "they give the host side only")
+    if kubelet_only and len(resident_only) < len(kubelet_only):
+        source = "measured" if measured_host is not None else "assumed (the policy's hostMemory)"
+        notes.append(
+            f"{len(kubelet_only) - len(resident_only)} row(s) from the kubelet stand for the guest as their "
+            f"overhead used less the host side, {host_for_points} MiB {source}")
+    sizes = {s.vm_nominal_mib for s, _ in guest}
+    if len(guest) < 2 or len(sizes) < 2:
         raise CalibrationError(
             f"need samples at two or more distinct VM sizes (vm_nominal_mib) to fit a "
-            f"ratio; got {len(samples)} sample(s) at {len(sizes)} size(s)"
+            f"ratio; got {len(guest)} sample(s) at {len(sizes)} size(s)"
+            + (f" ({len(resident_only)} fully resident row(s) give the host side only)" if resident_only else "")
         )
-    points = [(Fraction(s.vm_nominal_mib), s.unusable_mib) for s in samples]
+    points = [(Fraction(s.vm_nominal_mib), y) for s, y in guest]
     mean_x = sum((x for x, _ in points), Fraction(0)) / len(points)
     edge = _tightest_cover([*points, (Fraction(0), Fraction(0))], mean_x)
     ratio = _ceil_places(max(_slope(edge), Fraction(0)), RATIO_PLACES)
@@ -380,32 +532,33 @@ def fit_overhead(samples: Sequence[Sample], margin: Decimal = Decimal("0.10")) -
         raise CalibrationError(
             f"fitted guestMemoryRatio {ratio} is not below {_decimal(MAX_RATIO)} (the ratio "
             f"must be in [0, {_decimal(MAX_RATIO)})): unusable memory grows by {ratio} MiB "
-            f"per MiB of VM between {_describe(edge, samples)}; check free_total_mib and "
-            "free_used_mib there"
+            f"per MiB of VM between {_describe(edge, guest)}; check "
+            + ("free_total_mib and free_used_mib there" if all(s.measured_in_guest for s, _ in guest)
+               else "those rows (a VM nearly fully resident stands for almost all of its memory)")
         )
     exact_ratio = Fraction(ratio)
     base = max(0, math.ceil(max(y - exact_ratio * x for x, y in points)))
     residuals = tuple(_decimal(base + exact_ratio * x - y) for x, y in points)
-    hosts = [h for h in (s.host_mib for s in samples) if h is not None]
+    daemons = [s.free_used_mib for s in samples if s.measured_in_guest]
     return Fit(
         base_mib=base,
         ratio=ratio,
-        host_mib=math.ceil(max(hosts)) if hosts else None,
+        host_mib=measured_host,
         residuals_mib=residuals,
-        max_guest_daemons_mib=max(s.free_used_mib for s in samples),
+        max_guest_daemons_mib=max(daemons) if daemons else None,
         margin=Decimal(margin),
+        assumed_host_mib=None if measured_host is not None else assumed_host_mib,
+        notes=tuple(notes),
     )
 
 
-def _describe(edge: tuple[Point, Point], samples: Sequence[Sample]) -> str:
+def _describe(edge: tuple[Point, Point], guest: Sequence[tuple[Sample, Fraction]]) -> str:
     def where(point: Point) -> str:
         if point[0] == 0:
             return "the origin"
         # Several rows may share a VM size; the hull vertex is the highest of them.
-        row = max(
-            (s for s in samples if s.vm_nominal_mib == point[0]), key=lambda s: s.unusable_mib
-        )
+        row, unusable = max(((s, y) for s, y in guest if s.vm_nominal_mib == point[0]), key=lambda pair: pair[1])
         at = "" if row.line is None else f"line {row.line} "
-        return f"{at}(vm_nominal_mib {row.vm_nominal_mib}, unusable {_decimal(row.unusable_mib)})"
+        return f"{at}(vm_nominal_mib {row.vm_nominal_mib}, unusable {_decimal(unusable)})"
 
     return f"{where(edge[0])} and {where(edge[1])}"

@@ -16,6 +16,11 @@ Sources (docs/sizing-model.md lists them with every default):
                replaces a default_memory below 256 MiB with its built-in 2048 MiB.
 - [rs-ratio]   Kata derived the runtime-rs overhead_* defaults as about 80% of the Pod
                Overhead, so the host side is about 20% of podFixed.
+- [k8s-139627] kubernetes/kubernetes#139627: from v1.37.0 (k8s.io/component-helpers resource
+               PodRequests) the scheduler and the kubelet's admission charge a running pod its
+               overhead twice once the kubelet reports the pod-level status.allocatedResources
+               (which already holds it), with InPlacePodLevelResourcesVerticalScaling on (beta,
+               on by default since 1.36). Seen on the real node: docs/testing.md.
 """
 
 from __future__ import annotations
@@ -175,6 +180,13 @@ NOT_CHART_SHIMS = {"stratovirt"}
 
 HYPERVISORS = ("qemu", "clh", "dragonball", "firecracker", "stratovirt", "openvmm")
 
+# [k8s-139627] Kubelet minor versions that make a running pod's podFixed count twice, and the
+# kubelet feature gate whose "false" stops it (the kubelet then reports no pod-level allocated
+# resources, and the scheduler and the kubelet fall back to the containers'). Through v1.37.2,
+# the newest release when this was written; 1.36 reports the field but does not read it back.
+OVERHEAD_COUNTED_TWICE_KUBELET_MINORS = frozenset({(1, 37)})
+OVERHEAD_COUNTED_TWICE_GATE = "InPlacePodLevelResourcesVerticalScaling"
+
 # Hypervisors whose guest RAM is not a file on /dev/shm (Cloud Hypervisor uses memfd;
 # docs/sizing-model.md, Nodes). Firecracker and dragonball back guest RAM with anonymous memory.
 SHM_BACKED_HYPERVISORS = ("qemu", "stratovirt")
@@ -204,3 +216,18 @@ KATA_NODE_LABEL = {"katacontainers.io/kata-runtime": "true"}
 NODE_SYSTEM_RESERVED = "4Gi"
 NODE_KUBE_RESERVED = "2Gi"
 NODE_EVICTION_HARD = "2Gi"
+
+# The measurement of running pods (docs/measurement.md).
+# [metrics-server]: it reads every kubelet once per --metric-resolution, 60 s by default, and
+# advises against less than the kubelet's own resolution; the kubelet refreshes its cAdvisor
+# figures every 10 s, stretched up to 15 s when nothing changes ([kubelet-cadvisor]:
+# pkg/kubelet/cadvisor/cadvisor_linux.go, defaultHousekeepingInterval, maxHousekeepingInterval).
+MEASUREMENT_INTERVAL_S = 60
+KUBELET_MAX_REFRESH_S = 15
+MEASUREMENT_MIN_INTERVAL_S = KUBELET_MAX_REFRESH_S
+# [metrics-server]: --kubelet-request-timeout, 10 s by default.
+KUBELET_REQUEST_TIMEOUT_S = 10
+# Project choice: 60 readings of each node at the default interval; what changes shows within the hour.
+MEASUREMENT_WINDOW_S = 3600
+# Project choice (issue 16): a VMM with less than a tenth of its podFixed left is close to an OOM kill.
+HEADROOM_WARNING = "10%"

@@ -6,6 +6,7 @@ docs/sizing-model.md, Nodes. Pure: the operator (from Node and Pod objects) and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -27,12 +28,17 @@ class NodeFacts:
     allocatable_cpu: Decimal | None = None
     # Sum of non-Kata pod memory requests; None when unknown (infraPodMemory: auto offline).
     infra_pod_memory_bytes: int | None = None
+    # Sum of non-Kata pod CPU requests (cores); None when unknown (offline). The scheduler
+    # counts them against allocatable CPU as it counts their memory against allocatable memory.
+    infra_pod_cpu: Decimal | None = None
+    # status.nodeInfo.kubeletVersion (v1.37.2); None offline without --kubelet-version.
+    kubelet_version: str | None = None
 
     def group_key(self) -> tuple:
         # Infra requests differ from node to node; they are not part of a group's identity.
         return (
             self.capacity_memory_bytes, self.capacity_cpu, self.allocatable_memory_bytes,
-            self.allocatable_cpu,
+            self.allocatable_cpu, kubelet_feature_gates(self.kubelet_version),
         )
 
 
@@ -68,6 +74,23 @@ class NodeGroupGuidance:
     shm_reason: str | None
     fits: list[ClassFit]
     warnings: list[str] = field(default_factory=list)
+    # Gates the kubelet configuration sets (kubelet_feature_gates), and why, one line each.
+    kubelet_feature_gates: tuple[tuple[str, bool], ...] = ()
+    kubelet_feature_gate_reasons: list[str] = field(default_factory=list)
+
+
+def kubelet_minor(kubelet_version: str | None) -> tuple[int, int] | None:
+    """(1, 37) of v1.37.2, v1.37.2-eks-1a2b or 1.37.2+k3s1; None when unknown."""
+    match = re.match(r"v?(\d+)\.(\d+)", kubelet_version or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def kubelet_feature_gates(kubelet_version: str | None) -> tuple[tuple[str, bool], ...]:
+    """The feature gates a node's KubeletConfiguration must set for the VMs-per-class figures to
+    hold on that kubelet (docs/sizing-model.md, Nodes)."""
+    if kubelet_minor(kubelet_version) in defaults.OVERHEAD_COUNTED_TWICE_KUBELET_MINORS:
+        return ((defaults.OVERHEAD_COUNTED_TWICE_GATE, False),)
+    return ()
 
 
 def tmpfs_size(size_bytes: int) -> str:
@@ -139,17 +162,21 @@ def node_guidance(
         room = max(0, allocatable - infra)
         shm_size = (room // MIB) * MIB
         fits = []
+        cpu_total = facts.allocatable_cpu if facts.allocatable_cpu is not None else facts.capacity_cpu
+        # The scheduler admits a pod while the CPU requests of the node's pods fit allocatable:
+        # the infra pods' (every node runs some) come off first, as their memory does above.
+        # Offline (no infra CPU known) the whole figure is shown.
+        cpu_room = None if cpu_total is None else max(Decimal(0), cpu_total - (facts.infra_pod_cpu or 0))
         for sized in sizing.classes:
             accounted = (sized.envelope_memory_mib + sized.pod_fixed_memory_mib) * MIB
             vm_memory = sized.largest_vm.memory_mib * MIB
             by_allocatable = room // accounted
             by_cpu = None
-            cpu_total = facts.allocatable_cpu if facts.allocatable_cpu is not None else facts.capacity_cpu
             per_pod_cpu = sized.envelope_cpu + sized.pod_fixed_cpu
             # A class that accounts no CPU at all (an invalid policy being rendered for its
             # messages) is not limited by CPU: no division by its zero.
-            if cpu_total is not None and per_pod_cpu > 0:
-                by_cpu = int(cpu_total // per_pod_cpu)
+            if cpu_room is not None and per_pod_cpu > 0:
+                by_cpu = int(cpu_room // per_pod_cpu)
             by_shm = None if shm_reason or vm_memory <= 0 else shm_size // vm_memory
             fit = min(v for v in (by_allocatable, by_cpu, by_shm) if v is not None)
             if fit == 0:
@@ -162,6 +189,11 @@ def node_guidance(
                 sized.name, format_memory(accounted), format_memory(vm_memory),
                 by_allocatable, by_cpu, by_shm, fit,
             ))
+        gates = kubelet_feature_gates(facts.kubelet_version)
+        gate_reasons = [
+            f"kubelet {facts.kubelet_version} charges a running pod its podFixed twice (the "
+            f"scheduler and the kubelet both, kubernetes/kubernetes#139627) while {gate} is on: "
+            f"{gate}: false keeps the VMs per class above" for gate, _ in gates]
         if not infra_known:
             warnings.append(
                 "infraPodMemory is auto but the infra pods' requests are unknown here; "
@@ -202,5 +234,7 @@ def node_guidance(
             shm_reason=shm_reason,
             fits=fits,
             warnings=warnings,
+            kubelet_feature_gates=gates,
+            kubelet_feature_gate_reasons=gate_reasons,
         ))
     return groups, problems

@@ -24,13 +24,17 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-import yaml
 
-from . import bounded, defaults, yamlgo
+from . import bounded, defaults
 from .defaults import Runtime
-from .kubegrammar import DNS_LABEL, duplicate_tolerations, label_key_problem, label_value_problem, toleration_problems
+from .headroom import HeadroomThreshold
+from .kubegrammar import (
+    CONFIG_MAP_KEY, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_MAX_LENGTH, duplicate_tolerations, label_key_problem,
+    label_value_problem, toleration_problems,
+)
 from .quantity import QuantityError, cpu_cores, memory_bytes
 from .rules import MAX_VCPUS
+from .yamlout import reads_as_string_in_go
 
 GROUP = "katasizing.dev"
 VERSION = "v1alpha1"
@@ -180,6 +184,37 @@ class Sample(_Model):
     )
 
 
+class SurveyRef(_Model):
+    """A `kata-sizing survey` CSV kept in a ConfigMap (docs/measurement.md): the operator refits
+    the overhead function from it and proposes the result in status; it never applies it."""
+
+    config_map: str = Field(description="The ConfigMap's name.")
+    namespace: str | None = Field(default=None, description="Its namespace. Default: spec.output.namespace.")
+    key: str = Field(default="survey.csv", description="The key holding the CSV. Default: survey.csv.")
+
+    @field_validator("config_map")
+    @classmethod
+    def _config_map_name(cls, value: str) -> str:
+        if not DNS_SUBDOMAIN.fullmatch(value) or len(value) > DNS_SUBDOMAIN_MAX_LENGTH:
+            raise ValueError(f"{value[:80]!r} is not a ConfigMap name (a DNS subdomain)")
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_name(cls, value: str | None) -> str | None:
+        if value is not None and (not DNS_LABEL.fullmatch(value) or len(value) > 63):
+            raise ValueError(f"{value[:80]!r} is not a valid namespace name (a DNS label)")
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _key_name(cls, value: str) -> str:
+        # k8s.io/apimachinery IsConfigMapKey: letters, digits, '-', '_', '.'; at most 253.
+        if not CONFIG_MAP_KEY.fullmatch(value) or len(value) > 253 or value in (".", ".."):
+            raise ValueError(f"{value[:80]!r} is not a ConfigMap key (letters, digits, '-', '_', '.')")
+        return value
+
+
 class Overhead(_Model):
     """The overhead function; unset fields take the shim family's defaults (defaults.py)."""
 
@@ -208,6 +243,11 @@ class Overhead(_Model):
     samples: list[Sample] | None = Field(
         default=None,
         description="Measured survey rows; when given, base and ratio are fitted from them.",
+    )
+    survey: SurveyRef | None = Field(
+        default=None,
+        description="A `kata-sizing survey` CSV in a ConfigMap: refitted and proposed in status.proposal, "
+        "never applied (apply it by setting the proposed fields).",
     )
 
     @field_validator("guest_memory_ratio")
@@ -528,6 +568,41 @@ class Admission(_Model):
     )
 
 
+def _check_headroom_warning(text: str) -> str:
+    HeadroomThreshold.parse(text)
+    return text
+
+
+class Measurement(_Model):
+    """What the operator measures of this policy's pods on their nodes (docs/measurement.md)."""
+
+    enabled: bool = Field(
+        default=True, description="false: the operator reads no node's Summary for this policy's pods.")
+    interval_seconds: int = Field(
+        default=defaults.MEASUREMENT_INTERVAL_S, ge=defaults.MEASUREMENT_MIN_INTERVAL_S, le=3600,
+        description="Each node running this policy's pods is read once per interval, nodes spread over "
+        f"it. Default {defaults.MEASUREMENT_INTERVAL_S}; at least {defaults.MEASUREMENT_MIN_INTERVAL_S} "
+        "(the kubelet refreshes its figures no faster).")
+    window_seconds: int = Field(
+        default=defaults.MEASUREMENT_WINDOW_S, ge=60, le=7 * 24 * 3600,
+        description=f"The window of the overhead's p50/p99/max and the minimum headroom. Default "
+        f"{defaults.MEASUREMENT_WINDOW_S}.")
+    headroom_warning: str = Field(
+        default=defaults.HEADROOM_WARNING, max_length=MAX_DECIMAL_CHARS,
+        description="A pod whose headroom (cgroup limit - working set) falls under this is reported (Warning "
+        "event, status, metric): a percentage of its podFixed.memory (10%) or a memory quantity (64Mi). "
+        f"Default {defaults.HEADROOM_WARNING}.")
+
+    _headroom_warning = field_validator("headroom_warning")(_check_headroom_warning)
+
+    @model_validator(mode="after")
+    def _window_holds_an_interval(self) -> "Measurement":
+        if self.window_seconds < self.interval_seconds:
+            raise ValueError(f"windowSeconds {self.window_seconds} is shorter than intervalSeconds "
+                             f"{self.interval_seconds}: a window must hold at least one reading")
+        return self
+
+
 class KataSizingPolicySpec(_Model):
     shim: str = Field(description="A kata-deploy shim name, used as baseConfig.")
     runtime: Literal["Rust", "Go"] | None = Field(
@@ -552,6 +627,7 @@ class KataSizingPolicySpec(_Model):
     nodes: Nodes = Field(default_factory=Nodes)
     output: Output = Field(default_factory=Output)
     admission: Admission = Field(default_factory=Admission)
+    measurement: Measurement = Field(default_factory=Measurement)
     drift_policy: Literal["Correct", "Report"] = Field(
         default="Correct",
         description="Correct: hand edits of managed objects are put back. Report: they are "
@@ -734,6 +810,82 @@ class PodAuditStatus(_Status):
     truncated: bool = Field(default=False, description="More findings exist than are listed.")
 
 
+class MeasuredClass(_Status):
+    """What one class's pods used on their nodes over the window (docs/measurement.md). Bytes are
+    exact for max and min; p50/p99 within 0.5% (a fixed-size sketch)."""
+
+    name: str = Field(description="The class.")
+    runtime_class: str = Field(description="Its RuntimeClass.")
+    pods_measured: int = Field(default=0, description="Pods of the class in each node's latest reading.")
+    pods_without_limit: int = Field(default=0, description="... of them without a memory limit (no headroom).")
+    pods_under_threshold: int = Field(default=0, description="... of them with headroom under spec.measurement.headroomWarning.")
+    samples: int = Field(default=0, description="Pod readings in the window.")
+    overhead_p50_bytes: int | None = Field(default=None, description="Overhead used (pod working set - containers') p50.")
+    overhead_p99_bytes: int | None = Field(default=None, description="... p99.")
+    overhead_max_bytes: int | None = Field(default=None, description="... the largest.")
+    overhead_max_pod: str | None = Field(default=None, description="The pod (namespace/name) of the largest.")
+    min_headroom_bytes: int | None = Field(default=None, description="Least headroom (cgroup limit - working set) seen.")
+    min_headroom_pod: str | None = Field(default=None, description="Its pod (namespace/name).")
+    min_headroom_node: str | None = Field(default=None, description="Its node.")
+    min_headroom_at: str | None = Field(default=None, description="When (RFC 3339).")
+    last_measured: str | None = Field(default=None, description="The latest reading of a pod of the class (RFC 3339).")
+
+
+class HeadroomLowPod(_Status):
+    """A pod whose headroom is under the threshold: its VMM is close to an OOM kill."""
+
+    pod: str = Field(description="namespace/name.")
+    node: str = Field(description="Its node.")
+    class_name: str = Field(alias="class", description="Its class.")
+    headroom_bytes: int = Field(description="cgroup limit - working set.")
+    threshold_bytes: int = Field(description="The threshold it is under.")
+    measured_at: str = Field(description="When (RFC 3339).")
+
+
+class SkippedNode(_Status):
+    """A node whose Summary could not be read at its last turn; its last reading stands."""
+
+    node: str = Field(description="The node.")
+    reason: str = Field(description="Why (the HTTP status and message, or the timeout).")
+    failures: int = Field(description="Reads failed in a row.")
+    since: str | None = Field(default=None, description="The last failure (RFC 3339).")
+
+
+class MeasurementStatus(_Status):
+    """The operator's reading of the kubelets' Summaries for this policy's pods."""
+
+    interval_seconds: int = Field(description="Each node read once per interval.")
+    window_seconds: int = Field(description="The window of the figures.")
+    nodes: int = Field(default=0, description="Nodes running this policy's pods that were read.")
+    nodes_skipped: int = Field(default=0, description="... of them whose last read failed.")
+    skipped: list[SkippedNode] = Field(default_factory=list, description="The first 20 of them, by name.")
+    classes: list[MeasuredClass] = Field(default_factory=list, description="Per class.")
+    under_threshold: list[HeadroomLowPod] = Field(
+        default_factory=list, description="Pods under the headroom threshold, least headroom first; at most 20.")
+
+
+class ProposedClass(_Status):
+    name: str = Field(description="The class.")
+    pod_fixed: Resources = Field(description="The proposed overhead.podFixed.")
+    pod_fixed_before: Resources = Field(description="podFixed as the policy sizes it now.")
+    pods_measured: int = Field(default=0, description="Survey rows of this class with a memory limit.")
+    min_headroom_bytes: int | None = Field(
+        default=None, description="The least headroom one of them would have under the proposed podFixed.")
+
+
+class ProposalStatus(_Status):
+    """A refit of the overhead function from spec.overhead.survey, for a person to apply."""
+
+    source: str = Field(description="The ConfigMap and key read.")
+    rows: int = Field(default=0, description="Survey rows fitted.")
+    overhead: dict[str, str] = Field(default_factory=dict, description="The spec.overhead fields to set.")
+    classes: list[ProposedClass] = Field(default_factory=list, description="What they give per class.")
+    host_raised_mib: int = Field(
+        default=0, alias="hostRaisedMiB", description="MiB added to hostMemory so every measured pod fits.")
+    notes: list[str] = Field(default_factory=list, description="What the fit says about the rows.")
+    error: str | None = Field(default=None, description="Why there is no proposal (the survey unreadable or unfittable).")
+
+
 class KataSizingPolicyStatus(_Status):
     observed_generation: int | None = Field(
         default=None, description="The policy generation the operator last acted on."
@@ -757,6 +909,10 @@ class KataSizingPolicyStatus(_Status):
     )
     pod_audit: PodAuditStatus | None = Field(
         default=None, description="Audit of the running pods of this policy's classes (from the operator's pod cache).")
+    measurement: MeasurementStatus | None = Field(
+        default=None, description="What this policy's pods use on their nodes, from the kubelets' Summaries.")
+    proposal: ProposalStatus | None = Field(
+        default=None, description="The overhead function refitted from spec.overhead.survey (never applied).")
 
 
 class KataSizingPolicy(_Model):
@@ -781,9 +937,9 @@ class KataSizingPolicy(_Model):
                     f"{source}: RuntimeClass/handler {name!r} is {len(name)} characters; "
                     "a handler is a DNS label of at most 63"
                 )
-            if not isinstance(yaml.safe_load(name), str) or yamlgo.resolve(name)[0] != yamlgo.STR_TAG:
-                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date
-                # (PyYAML), 1e-5 a number (go-yaml, Helm's reader).
+            if not reads_as_string_in_go(name):
+                # kata-deploy reads the handler as plain YAML text: 2024-01-02 would be a date,
+                # 1e-5 a number (go-yaml, Helm's reader).
                 raise ValueError(
                     f"{source}: RuntimeClass/handler {name!r} would read as a number or date "
                     "in YAML; start the prefix with a letter"

@@ -274,13 +274,17 @@ def guidance_document(group: NodeGroupGuidance) -> dict:
             "kubeReserved": {"memory": group.kube_reserved},
             "evictionHard": {"memory.available": group.eviction_hard},
             "enforceNodeAllocatable": ["pods"],
+            **({"featureGates": dict(group.kubelet_feature_gates)} if group.kubelet_feature_gates else {}),
         },
         "allocatable": allocatable,
         "infraPodMemory": group.infra_pod_memory,
     }
     if group.infra_pod_memory_by_node:
         document["infraPodMemoryByNode"] = dict(group.infra_pod_memory_by_node)
-    document.update({"devShm": shm, "vmsPerClass": fits, "warnings": list(group.warnings)})
+    document.update({"devShm": shm, "vmsPerClass": fits})
+    if group.kubelet_feature_gate_reasons:
+        document["featureGateReasons"] = list(group.kubelet_feature_gate_reasons)
+    document["warnings"] = list(group.warnings)
     return document
 
 

@@ -1,0 +1,363 @@
+"""The measurement loop (docs/measurement.md): what the pods of each policy's classes really use
+on their nodes, read from the kubelets' Summaries at a bounded rate.
+
+Every node that runs a pod of a measured class is read once per interval (the shortest interval
+of the policies whose pods it runs), at a fixed phase within the interval taken from a hash of
+its name, so the reads of a fleet spread evenly over the interval and one node is never read
+twice in an interval. At most READ_SLOTS reads run at once, each bounded by the kubelet request
+timeout; a node that fails or does not answer is recorded as skipped (its last reading stands)
+and read again at its next turn, and never holds up another node.
+
+Only aggregates are kept (core/measure.MeasurementState): per class the window's sketches and
+extremes, per node its last counts and the pods under their headroom threshold. Entering that
+list posts a Warning event (HeadroomLow) on the policy; leaving it posts a Normal one
+(HeadroomRecovered). The figures go to status.measurement (`report`) and to metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from . import metrics
+from ..core.headroom import HeadroomThreshold, mib_text
+from ..core.measure import KataPod, LowHeadroom, MeasurementState, SummaryError, read_summary
+
+log = logging.getLogger("kata_sizing.measurement")
+
+READ_SLOTS = 8
+# Nodes and pods named in status (the rest are counted).
+MAX_LISTED = 20
+Read = Callable[[str], Awaitable[object]]
+EventSink = Callable[[dict, str, str, str], None]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Seconds since the epoch, and how many of them pass per real second (tests run the loop's
+    intervals faster than real time; the kubelet request timeout stays real)."""
+
+    now: Callable[[], float] = time.time
+    speed: float = 1.0
+
+    @classmethod
+    def faster(cls, speed: float) -> "Clock":
+        start = time.time()
+        return cls(now=lambda: start + (time.time() - start) * speed, speed=speed)
+
+
+@dataclass(frozen=True)
+class MeasuredPolicy:
+    """What a policy asks to be measured: its classes ({runtime class: (class, podFixed.memory
+    bytes)}), how often, over which window, and under which headroom a pod is reported."""
+
+    name: str
+    ref: dict
+    classes: Mapping[str, tuple[str, int]]
+    interval_s: float
+    window_s: float
+    threshold: HeadroomThreshold
+    threshold_text: str
+
+
+def measured_policy(sizing, ref: dict) -> MeasuredPolicy | None:
+    """What a valid policy's sizing asks to be measured; None when spec.measurement.enabled is false."""
+    spec = sizing.policy.spec.measurement
+    if not spec.enabled:
+        return None
+    return MeasuredPolicy(
+        name=sizing.policy.name, ref=ref,
+        classes={c.runtime_class: (c.name, c.pod_fixed_memory_mib * 2**20) for c in sizing.classes},
+        interval_s=float(spec.interval_seconds), window_s=float(spec.window_seconds),
+        threshold=HeadroomThreshold.parse(spec.headroom_warning), threshold_text=spec.headroom_warning)
+
+
+def rfc3339(at: float | None) -> str | None:
+    if at is None:
+        return None
+    return datetime.fromtimestamp(at, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def phase_s(node: str, interval_s: float) -> float:
+    """Where in each interval `node` is read: spread by a hash of its name (stable across
+    restarts and replicas), not by its position in a list that changes as nodes come and go."""
+    return zlib.crc32(node.encode()) / 2**32 * interval_s
+
+
+def next_turn(node: str, interval_s: float, after: float) -> float:
+    """The first time >= `after` at the node's phase of the interval."""
+    phase = phase_s(node, interval_s)
+    return after + (phase - after) % interval_s
+
+
+class MeasurementLoop:
+    """`read(node)` returns a node's Summary (either access, see controller/kubelet.py) or raises;
+    `pods` is the operator's pod cache (an Informer of cluster.PodRequest keyed by uid)."""
+
+    def __init__(self, read: Read, pods, events: EventSink | None = None,
+                 clock: Clock = Clock(), read_slots: int = READ_SLOTS,
+                 gate: Callable[[], Awaitable[None]] | None = None):
+        self.read = read
+        self.pods = pods
+        self.events = events
+        self.clock = clock.now
+        self.speed = clock.speed
+        self.gate = gate  # with two replicas: wait until this one leads
+        self.state = MeasurementState()
+        self.policies: dict[str, MeasuredPolicy] = {}
+        self._config_version = 0
+        self._targets_key: tuple | None = None
+        self._targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
+        self._pruned_for: tuple | None = None
+        self._nodes_of_policy: dict[str, set[str]] = {}
+        self.next_due: dict[str, float] = {}
+        self.in_flight: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._slots = asyncio.Semaphore(read_slots)
+        self._wake = asyncio.Event()
+        self.announced: dict[str, dict[str, LowHeadroom]] = {}  # policy -> pod -> the low it was announced with
+        self.reads_ok = 0
+        self.reads_failed = 0
+        # Per policy: bumped when its report should be written (the pods under threshold changed,
+        # or an interval passed since the last bump), so status is written about once per interval.
+        self.versions: dict[str, int] = {}
+        self._published_at: dict[str, float] = {}
+
+    # --- configuration, from each policy's pass -------------------------------------------------
+
+    def configure(self, policy: MeasuredPolicy | None, name: str) -> None:
+        """Measure `policy`'s classes from now on (None: stop measuring policy `name`)."""
+        before = self.policies.get(name)
+        if policy is None:
+            self.policies.pop(name, None)
+            self.announced.pop(name, None)
+            self.versions.pop(name, None)
+        else:
+            self.policies[name] = policy
+        if before != policy:
+            self._config_version += 1
+            runtime_classes = {c for p in self.policies.values() for c in p.classes}
+            self.state.forget_classes(runtime_classes)
+            self._wake.set()
+
+    def forget(self) -> None:
+        """Everything read so far (this replica stopped leading): the leader measures, warns and
+        exports the gauges now; what to measure is kept for when this one leads again."""
+        self.state = MeasurementState()
+        self.next_due.clear()
+        self.announced.clear()
+        self.versions.clear()
+        self._published_at.clear()
+        self._pruned_for = None
+
+    def _class_table(self) -> tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int]], dict[str, str]]:
+        windows, thresholds, owner = {}, {}, {}
+        for policy in self.policies.values():
+            for runtime_class, (_, pod_fixed) in policy.classes.items():
+                windows[runtime_class] = policy.window_s
+                thresholds[runtime_class] = (policy.threshold, pod_fixed)
+                owner[runtime_class] = policy.name
+        return windows, thresholds, owner
+
+    def targets(self) -> dict[str, tuple[float, dict[str, KataPod]]]:
+        """{node: (interval, {uid: Kata pod of a measured class on it})}, recomputed when the pod
+        cache or the configuration changed."""
+        key = (getattr(self.pods, "version", None), self._config_version)
+        if key == self._targets_key:
+            return self._targets
+        _, _, owner = self._class_table()
+        targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
+        nodes_of_policy: dict[str, set[str]] = {}
+        for request in list(self.pods.items.values()):
+            kata = getattr(request, "kata", None)
+            if kata is None or kata.node is None or kata.runtime_class not in owner:
+                continue
+            policy = self.policies[owner[kata.runtime_class]]
+            interval, pods = targets.get(kata.node, (policy.interval_s, {}))
+            pods[kata.uid] = kata
+            targets[kata.node] = (min(interval, policy.interval_s), pods)
+            nodes_of_policy.setdefault(policy.name, set()).add(kata.node)
+        self._targets, self._targets_key, self._nodes_of_policy = targets, key, nodes_of_policy
+        return targets
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if self.gate is not None:
+                    await self.gate()
+                now = self.clock()
+                targets = self.targets()
+                if self._targets_key != self._pruned_for:
+                    # Nodes that run no measured pod any more: no turn, no record.
+                    for node in [n for n in self.next_due if n not in targets]:
+                        del self.next_due[node]
+                    self.state.forget_nodes(targets)
+                    self._pruned_for = self._targets_key
+                for node, (interval, _) in targets.items():
+                    due = self.next_due.get(node)
+                    if due is None:
+                        due = self.next_due[node] = next_turn(node, interval, now)
+                    if due > now:
+                        continue
+                    # The next turn at the node's phase, at least half an interval after this read: a
+                    # loop running late reads late once and skips a turn rather than read twice in a row.
+                    self.next_due[node] = next_turn(node, interval, max(now, due) + interval * 0.5)
+                    if node in self.in_flight:
+                        continue  # still waiting for the last one (bounded by the read timeout)
+                    self.in_flight.add(node)
+                    task = asyncio.create_task(self._read(node), name=f"summary-{node}")
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                self._publish_due(now)
+                wait = min((due - now for due in self.next_due.values()), default=1.0)
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(0.01, min(wait, 1.0)) / self.speed)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _read(self, node: str) -> None:
+        try:
+            async with self._slots:
+                try:
+                    summary = await self.read(node)
+                    _, pods = self.targets().get(node, (0.0, {}))
+                    reading = read_summary(summary, node, pods, self.pods.items)
+                except asyncio.CancelledError:
+                    raise
+                except SummaryError as exc:
+                    self._failed(node, str(exc))
+                except Exception as exc:  # noqa: BLE001 - a node's failure must never stop the loop
+                    self._failed(node, str(exc) or type(exc).__name__)
+                else:
+                    windows, thresholds, _ = self._class_table()
+                    self.state.add_reading(reading, self.clock(), windows, thresholds)
+                    self.reads_ok += 1
+                    metrics.summary_read(True)
+                    self._announce()
+        finally:
+            self.in_flight.discard(node)
+
+    def _failed(self, node: str, message: str) -> None:
+        self.reads_failed += 1
+        metrics.summary_read(False)
+        self.state.add_failure(node, message, self.clock())
+        log.warning("Summary of node %s not read: %s", node, message)
+
+    # --- warnings, status, metrics --------------------------------------------------------------
+
+    def _announce(self) -> None:
+        """Events for pods entering and leaving the under-threshold list of each policy."""
+        for policy in self.policies.values():
+            now = {low.pod: low for low in self.state.low_headroom(policy.classes)}
+            before = self.announced.setdefault(policy.name, {})
+            if now.keys() == before.keys():
+                self.announced[policy.name] = now
+                continue
+            for pod in sorted(now.keys() - before.keys()):
+                low = now[pod]
+                class_name = policy.classes[low.runtime_class][0]
+                self._event(policy, "Warning", "HeadroomLow", low.message(class_name, policy.threshold))
+            for pod in sorted(before.keys() - now.keys()):
+                low = before[pod]
+                class_name = policy.classes.get(low.runtime_class, (low.runtime_class,))[0]
+                gone = low.uid not in self.pods.items
+                self._event(policy, "Normal", "HeadroomRecovered",
+                            f"pod {pod} (class {class_name}) on node {low.node}: "
+                            + ("the pod is gone" if gone else
+                               f"headroom no longer under {mib_text(low.threshold_bytes)} ({policy.threshold_text})"))
+            self.announced[policy.name] = now
+            self._bump(policy.name)
+
+    def _event(self, policy: MeasuredPolicy, type_: str, reason: str, message: str) -> None:
+        log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "policy %s: %s: %s", policy.name, reason, message)
+        if self.events is not None:
+            self.events(policy.ref, type_, reason, message)
+
+    def _bump(self, policy: str) -> None:
+        self.versions[policy] = self.versions.get(policy, 0) + 1
+        self._published_at[policy] = self.clock()
+
+    def _publish_due(self, now: float) -> None:
+        for policy in self.policies.values():
+            if now - self._published_at.get(policy.name, float("-inf")) >= policy.interval_s:
+                self._bump(policy.name)
+
+    def version(self, policy: str) -> int:
+        return self.versions.get(policy, 0)
+
+    def report(self, name: str) -> dict | None:
+        """status.measurement of policy `name`; None when it is not measured."""
+        policy = self.policies.get(name)
+        if policy is None:
+            return None
+        now = self.clock()
+        self.targets()
+        nodes = sorted(self._nodes_of_policy.get(name, ()))
+        failing = [(node, self.state.nodes[node]) for node in nodes
+                   if node in self.state.nodes and self.state.nodes[node].error is not None]
+        low = self.state.low_headroom(policy.classes)
+        classes = []
+        for runtime_class, (class_name, _) in policy.classes.items():
+            figures = self.state.figures(runtime_class, now)
+            entry = {
+                "name": class_name, "runtimeClass": runtime_class,
+                "podsMeasured": sum(self.state.nodes[n].pods_by_class.get(runtime_class, 0)
+                                    for n in nodes if n in self.state.nodes),
+                "podsWithoutLimit": sum(self.state.nodes[n].without_limit_by_class.get(runtime_class, 0)
+                                        for n in nodes if n in self.state.nodes),
+                "podsUnderThreshold": sum(1 for found in low if found.runtime_class == runtime_class),
+                "samples": figures.samples if figures else 0,
+            }
+            if figures is not None and figures.samples:
+                entry.update(overheadP50Bytes=figures.overhead_p50_bytes, overheadP99Bytes=figures.overhead_p99_bytes)
+                if figures.max_overhead is not None:
+                    entry.update(overheadMaxBytes=figures.max_overhead.value_bytes,
+                                 overheadMaxPod=figures.max_overhead.pod)
+                if figures.min_headroom is not None:
+                    entry.update(minHeadroomBytes=figures.min_headroom.value_bytes,
+                                 minHeadroomPod=figures.min_headroom.pod, minHeadroomNode=figures.min_headroom.node,
+                                 minHeadroomAt=rfc3339(figures.min_headroom.at))
+                entry["lastMeasured"] = rfc3339(figures.last_measured_at)
+            classes.append({k: v for k, v in entry.items() if v is not None})
+        return {
+            "intervalSeconds": int(policy.interval_s),
+            "windowSeconds": int(policy.window_s),
+            "nodes": len(nodes),
+            "nodesSkipped": len(failing),
+            "skipped": [{"node": node, "reason": record.error[:300], "failures": record.failures,
+                         "since": rfc3339(record.error_at)} for node, record in failing[:MAX_LISTED]],
+            "classes": sorted(classes, key=lambda c: list(policy.classes).index(c["runtimeClass"])),
+            "underThreshold": [{
+                "pod": found.pod, "node": found.node, "class": policy.classes[found.runtime_class][0],
+                "headroomBytes": found.headroom_bytes, "thresholdBytes": found.threshold_bytes,
+                "measuredAt": rfc3339(found.measured_at)} for found in low[:MAX_LISTED]],
+        }
+
+    def gauges(self) -> list[tuple[str, str, dict]]:
+        """(policy, class, figures) for the metrics: pods under threshold, min headroom, overhead quantiles."""
+        now = self.clock()
+        found = []
+        for policy in self.policies.values():
+            low = self.state.low_headroom(policy.classes)
+            for runtime_class, (class_name, _) in policy.classes.items():
+                figures = self.state.figures(runtime_class, now)
+                found.append((policy.name, class_name, {
+                    "under_threshold": sum(1 for item in low if item.runtime_class == runtime_class),
+                    "min_headroom": figures.min_headroom.value_bytes if figures and figures.min_headroom else None,
+                    "p50": figures.overhead_p50_bytes if figures else None,
+                    "p99": figures.overhead_p99_bytes if figures else None,
+                    "max": figures.max_overhead.value_bytes if figures and figures.max_overhead else None,
+                }))
+        return found
