@@ -112,3 +112,31 @@ def test_phases_are_stable_and_within_the_interval():
     assert phase_s("node-001", 60.0) == phase_s("node-001", 60.0)
     assert all(0 <= phase_s(f"n{i}", 60.0) < 60.0 for i in range(1000))
     assert next_turn("node-001", 60.0, 125.0) >= 125.0 and next_turn("node-001", 60.0, 125.0) < 185.0
+
+
+def test_a_new_leader_keeps_the_status_until_it_has_read_and_an_unmeasured_policy_has_none():
+    now = [0.0]
+
+    async def read(node: str) -> object:
+        return summary(node)
+
+    async def main() -> tuple:
+        loop = MeasurementLoop(read, Pods(3), clock=Clock(now=lambda: now[0], speed=1e9), read_slots=4)
+        loop.configure(policy(), "p")
+        before = loop.report("p")  # nothing read yet: the status keeps what it holds
+        task = asyncio.create_task(loop.run())
+        for _ in range(int(INTERVAL_S / 0.25) + 4):
+            now[0] += 0.25
+            for _ in range(20):
+                await asyncio.sleep(0)
+        measured = loop.report("p")
+        loop.forget()  # another replica leads, then this one again: its window starts empty
+        again = loop.report("p")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return before, measured, again, loop.report("other")
+
+    before, measured, again, other = asyncio.run(main())
+    assert before is None and again is None
+    assert measured["nodes"] == 3 and measured["classes"][0]["podsMeasured"] == 3
+    assert other == {}  # not measured: status.measurement is removed

@@ -198,7 +198,7 @@ async def gather(state: OperatorState, body: dict, trigger: str, facts: tuple | 
     measurement = proposal = None
     if sizing is not None:
         if state.measurement is not None:
-            measurement = state.measurement.report(name) or {}
+            measurement = state.measurement.report(name)
         if reread_survey:
             proposal = await survey_proposal(state, sizing)
     return Gathered(

@@ -298,13 +298,17 @@ class MeasurementLoop:
         return self.versions.get(policy, 0)
 
     def report(self, name: str) -> dict | None:
-        """status.measurement of policy `name`; None when it is not measured."""
+        """status.measurement of policy `name`: {} when it is not measured (the field is
+        removed), None while this replica has read none of its nodes yet (a new leader: the
+        status keeps what the last one measured until this one has read)."""
         policy = self.policies.get(name)
         if policy is None:
-            return None
+            return {}
         now = self.clock()
         self.targets()
         nodes = sorted(self._nodes_of_policy.get(name, ()))
+        if nodes and not any(node in self.state.nodes for node in nodes):
+            return None
         failing = [(node, self.state.nodes[node]) for node in nodes
                    if node in self.state.nodes and self.state.nodes[node].error is not None]
         low = self.state.low_headroom(policy.classes)
