@@ -153,6 +153,10 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     # kata-sizing render against helm template of the kata-deploy chart (KATA_DEPLOY_CHART).
     "helm": _external("bench.helm_bench", "bench_helm"),
     "realserver": _external("bench.realserver_bench", "bench_realserver"),
+    # The operator as a ratio to a plain client writing the same objects to the same server.
+    "limit": _external("bench.limit_bench", "bench_limit"),
+    # One shared admission policy with paramKind against today's six objects per policy.
+    "paramkind": _external("bench.paramkind_bench", "bench_paramkind"),
     # The operator's image (`make image`): start-up in it, with and without bytecode.
     "image": _external("bench.image_bench", "bench_image"),
     "measurement": _external("bench.measurement_bench", "bench_measurement"),

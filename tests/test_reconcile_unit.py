@@ -777,3 +777,37 @@ def test_the_pod_audit_event_is_posted_when_the_list_changes_and_not_again_after
     assert st.pod_audit_event(said, {"status": {"podAudit": st.pod_audit_status([])}}, two)
     restarted = st.Announcements({})
     assert st.pod_audit_event(restarted, {"status": {"podAudit": two}}, two) is None
+
+
+def test_a_policy_is_sized_once_per_generation_however_many_policies_there_are():
+    """The guidance timer sizes its policy on every tick; with more policies than the shared memo
+    holds, each must still be sized once per generation, a new generation sized again, and a
+    deleted policy's sizing dropped."""
+    from kata_sizing.controller import gather
+
+    state = make_state(FakeApi())
+    bodies = []
+    for i in range(3 * gather.DERIVED_ENTRIES):
+        body = policy_body()
+        body["metadata"].update(name=f"p{i}", uid=f"uid-{i}", generation=1)
+        bodies.append(body)
+    first = [gather.policy_sizing(state, b) for b in bodies]
+    for b in bodies:  # shared entries (intents) come and go in between
+        gather.intent(state, b, None)
+    assert all(s is not None for s in first)
+    assert [gather.policy_sizing(state, b) for b in bodies] == first
+    assert all(a is b for a, b in zip((gather.policy_sizing(state, b) for b in bodies), first))
+
+    changed = copy.deepcopy(bodies[0])
+    changed["metadata"]["generation"] = 2
+    changed["spec"]["classes"] = [{"name": "s", "cpu": "1", "memory": "768Mi"}]
+    resized = gather.policy_sizing(state, changed)
+    assert resized is not first[0] and [c.name for c in resized.classes] == ["s"]
+
+    invalid = copy.deepcopy(bodies[1])
+    invalid["metadata"]["generation"] = 2
+    invalid["spec"]["classes"] = [{"name": "s", "cpu": "1", "memory": "-1Gi"}]
+    assert gather.policy_sizing(state, invalid) is None
+
+    state.forget_policy("p2")
+    assert "p2" not in state.sizings

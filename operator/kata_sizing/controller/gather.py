@@ -86,16 +86,17 @@ def _pods_by_class(state: OperatorState) -> dict[str, list]:
 def policy_sizing(state: OperatorState, body: Mapping) -> PolicySizing | None:
     """The policy's sizing, memoized per generation; None when the policy is invalid."""
     meta = body.get("metadata") or {}
-    key = ("sizing", meta.get("name"), meta.get("uid"), meta.get("generation"))
-
-    def compute():
-        try:
-            sizing = size_policy(parse_policy(dict(body)))
-        except PolicyError:
-            return None
-        return None if sizing.errors else sizing
-
-    return memoized(state, key, compute)
+    name, key = meta.get("name"), (meta.get("uid"), meta.get("generation"))
+    found = state.sizings.get(name)
+    if found is not None and found[0] == key:
+        return found[1]
+    try:
+        sizing = size_policy(parse_policy(dict(body)))
+        sizing = None if sizing.errors else sizing
+    except PolicyError:
+        sizing = None
+    state.sizings[name] = (key, sizing)
+    return sizing
 
 
 def pod_findings(state: OperatorState, body: Mapping) -> list[dict] | None:

@@ -96,6 +96,11 @@ class OperatorState:
     last_pass: dict[str, tuple] = field(default_factory=dict)
     # Node facts, audits and intents computed once per change and shared by every policy.
     derived: dict[Hashable, tuple] = field(default_factory=dict)
+    # Per policy: ((uid, generation), its sizing or None when invalid). Kept apart from `derived`,
+    # which is cleared when full: with 200 policies the guidance timer's pod audit re-sized a
+    # policy on nearly every tick, two thirds of the operator's busy time (docs/performance.md);
+    # an entry is about 17 KiB.
+    sizings: dict[str, tuple[tuple, object]] = field(default_factory=dict)
     # The latest body seen of each policy (kopf's handlers and our own status writes keep it):
     # a drift pass starts from it instead of reading the policy again.
     policies: dict[str, dict] = field(default_factory=dict)
@@ -130,6 +135,7 @@ class OperatorState:
         self.desired.drop(policy_name)
         self.locks.pop(policy_name, None)
         self.last_pass.pop(policy_name, None)
+        self.sizings.pop(policy_name, None)
         self.attention.pop(policy_name, None)
         self.policies.pop(policy_name, None)
         self.written_status.pop(policy_name, None)
