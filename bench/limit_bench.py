@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.plain_client import PlainClient
-from bench.realserver_bench import _peak_rss_mib
+from bench.realserver_bench import _peak_rss_mib, quiet
 from bench.run import ROOT, percentile
 from tests.operator_helpers import explicit_classes_policy
 from tests.realcluster import (
@@ -206,14 +206,6 @@ def wait_written(cp: ControlPlane, since: int, keys: set[Key], timeout: float, i
     return None
 
 
-def quiet(cp: ControlPlane, seconds: float = 0.5, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        mark = cp.audit_offset()
-        time.sleep(seconds)
-        if not cp.operator_writes(mark):
-            return
-
 
 # --- the cluster between runs ------------------------------------------------------------------
 
@@ -304,7 +296,7 @@ def operator_created(cp: ControlPlane, name: str, served: dict[str, str]) -> flo
     start = time.time()
     body = cp.create(POLICIES, explicit_classes_policy(name))
     end = wait_written(cp, mark, expected_keys([creation(body, served)]), 30, interval=0.02)
-    quiet(cp)
+    quiet(cp, 0.5, 30)
     return _split(cp, mark, start, end, writes_only=True)
 
 
@@ -315,7 +307,7 @@ def operator_spec_change(cp: ControlPlane, name: str, served: dict[str, str]) ->
     start = time.time()
     after = cp.request("PUT", f"{POLICIES}/{name}", after)
     end = wait_written(cp, mark, expected_keys([spec_change(before, after, served)]), 30, interval=0.02)
-    quiet(cp)
+    quiet(cp, 0.5, 30)
     return _split(cp, mark, start, end, writes_only=True)
 
 
@@ -437,7 +429,7 @@ def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], 
                                                      baseline if who == "baseline" else None)
                 try:
                     keep(who, "cold", took)
-                    quiet(cp)
+                    quiet(cp, 0.5, 30)
                     for i in range(samples):
                         keep(who, "created", operator_created(cp, f"n{size}-{run}-{i}", served))
                     for i in range(samples):

@@ -55,7 +55,8 @@ def _objects_written(cp: ControlPlane, name: str, admission_objects: int = 6) ->
             and admission == admission_objects)
 
 
-def _quiet(cp: ControlPlane, seconds: float = 1.0, timeout: float = 60) -> None:
+def quiet(cp: ControlPlane, seconds: float = 1.0, timeout: float = 60) -> None:
+    """Until the operator has written nothing for `seconds` (at most `timeout`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         mark = cp.audit_offset()
@@ -123,7 +124,7 @@ def _reconcile_requests(cp: ControlPlane, name: str) -> int:
     mark = cp.audit_offset()
     cp.request("PUT", f"{POLICIES}/{name}", body)
     _wait(lambda: name in _ready(cp), 30)
-    _quiet(cp)
+    quiet(cp)
     return sum(1 for r in cp.operator_requests(mark) if r.verb != "watch")
 
 
@@ -165,7 +166,7 @@ def bench_realserver(report: Report, quick: bool = False) -> None:
                     cp.delete(f"{POLICIES}/noadm-{i}")
                 _wait(lambda: not [n for n in cp.items(POLICIES) if n.startswith("noadm-")], 60, 0.2)
                 _wait(lambda: len(_ready(cp)) == samples, 60)
-                _quiet(cp)
+                quiet(cp)
 
                 restored = []
                 for i in range(samples):
@@ -189,11 +190,11 @@ def bench_realserver(report: Report, quick: bool = False) -> None:
                 for i in range(samples, 50):
                     cp.create(POLICIES, explicit_classes_policy(f"lat-{i}"))
                 _wait(lambda: len(_ready(cp)) == 50, 120, 0.2)
-                _quiet(cp)
+                quiet(cp)
                 report("real API server: requests per policy reconcile (spec change), 50 policies",
                        str(_reconcile_requests(cp, "lat-1")), "", "")
 
-                _quiet(cp)
+                quiet(cp)
                 mark = cp.audit_offset()
                 time.sleep(idle_s)
                 idle = cp.operator_requests(mark)
