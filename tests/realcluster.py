@@ -32,7 +32,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ class AuditEvent:
     uri: str
     user_agent: str = ""  # replicas name themselves here (kata-sizing/<identity>)
     source_ips: tuple[str, ...] = ()  # where the request came from (a pod's IP when run in a pod)
+    # The request's body where the audit policy records it (a policy's status patches).
+    request: Any = field(default=None, compare=False)
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -265,7 +267,8 @@ class ControlPlane:
                 verb=entry["verb"], group=ref.get("apiGroup", ""), resource=resource,
                 namespace=ref.get("namespace", ""), name=ref.get("name", ""),
                 code=(entry.get("responseStatus") or {}).get("code", 0), uri=entry.get("requestURI", ""),
-                user_agent=entry.get("userAgent", ""), source_ips=tuple(entry.get("sourceIPs") or ())))
+                user_agent=entry.get("userAgent", ""), source_ips=tuple(entry.get("sourceIPs") or ()),
+                request=entry.get("requestObject")))
         return events
 
     def operator_writes(self, since: int = 0, resource: str | None = None,

@@ -85,6 +85,10 @@ func writeCredentials(dir, server string, address net.IP, nodeName, saUser strin
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+# The status patches of a policy with their bodies: what a pass changed, when a test counts them.
+- level: Request
+  verbs: [patch, update]
+  resources: [{group: "katasizing.dev", resources: [katasizingpolicies/status]}]
 - level: Metadata
   users: [%q]
 # Every ServiceAccount too: the operator installed by its chart on the node runs as its own.
