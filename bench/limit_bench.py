@@ -151,14 +151,7 @@ def write_times(cp: ControlPlane, since: int) -> dict[Key, float]:
     """The end (stageTimestamp, epoch seconds) of the first write of each object by the operator's
     identity (the plain client uses it too) since byte `since` of the audit log."""
     found: dict[Key, float] = {}
-    try:
-        with cp.audit_path.open("rb") as f:
-            f.seek(since)
-            raw = f.read()
-    except FileNotFoundError:
-        return found
-    for line in raw.splitlines():
-        entry = json.loads(line)
+    for entry in cp.audit_entries(since):
         if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in ("create", "update", "patch"):
             continue
         if (entry.get("user") or {}).get("username") != OPERATOR_USER:
@@ -177,15 +170,8 @@ def first_request(cp: ControlPlane, since: int, writes_only: bool = False) -> fl
     """When the API server received the first request (with `writes_only`, the first write of a
     policy's object or status) of the operator's identity since byte `since` of the audit log
     (epoch seconds): what separates reacting from writing."""
-    try:
-        with cp.audit_path.open("rb") as f:
-            f.seek(since)
-            raw = f.read()
-    except FileNotFoundError:
-        return None
     received = []
-    for line in raw.splitlines():
-        entry = json.loads(line)
+    for entry in cp.audit_entries(since):
         if (entry.get("user") or {}).get("username") != OPERATOR_USER or "requestReceivedTimestamp" not in entry:
             continue
         if writes_only and (entry.get("verb") not in ("create", "update", "patch")

@@ -241,18 +241,21 @@ class ControlPlane:
         except FileNotFoundError:
             return 0
 
-    def operator_requests(self, since: int = 0, user: str = OPERATOR_USER) -> list[AuditEvent]:
-        """Every completed request made with the operator's identity (or `user`, another
-        ServiceAccount's), from byte `since` on."""
+    def audit_entries(self, since: int = 0) -> list[dict]:
+        """The audit log's entries from byte `since` on (`audit_offset()` marks a point)."""
         try:
             with self.audit_path.open("rb") as f:
                 f.seek(since)
                 raw = f.read()
         except FileNotFoundError:
             return []
+        return [json.loads(line) for line in raw.splitlines()]
+
+    def operator_requests(self, since: int = 0, user: str = OPERATOR_USER) -> list[AuditEvent]:
+        """Every completed request made with the operator's identity (or `user`, another
+        ServiceAccount's), from byte `since` on."""
         events = []
-        for line in raw.splitlines():
-            entry = json.loads(line)
+        for entry in self.audit_entries(since):
             # A watch is logged when its response starts (it may never complete); the rest when done.
             stage = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
             if entry.get("stage") not in (stage, "Panic"):
