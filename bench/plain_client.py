@@ -23,6 +23,7 @@ import aiohttp
 import yaml
 
 USER_AGENT = "kata-sizing-bench-plain"
+CONFLICT_ATTEMPTS = 5  # as controller/retry.py
 
 
 class PlainClient:
@@ -47,11 +48,24 @@ class PlainClient:
         await self.session.close()
 
     async def _send(self, method: str, path: str, body: object, content_type: str = "application/json") -> None:
-        async with self.session.request(method, self.server + path, data=json.dumps(body),
-                                        headers={"Content-Type": content_type}) as response:
-            text = await response.read()
-            if response.status >= 400:
-                raise RuntimeError(f"{method} {path}: {response.status} {text[:300]!r}")
+        for _ in range(CONFLICT_ATTEMPTS):
+            async with self.session.request(method, self.server + path, data=json.dumps(body),
+                                            headers={"Content-Type": content_type}) as response:
+                text = await response.read()
+                if response.status == 409 and method == "PUT":
+                    # The object moved since its resourceVersion was read (kube-controller-manager
+                    # writes an admission policy's status after each change): re-read and update
+                    # again, as the operator's executor does on a 409.
+                    body = {**body, "metadata": {**body["metadata"], "resourceVersion": await self._version(path)}}
+                    continue
+                if response.status >= 400:
+                    raise RuntimeError(f"{method} {path}: {response.status} {text[:300]!r}")
+                return
+        raise RuntimeError(f"{method} {path}: still 409 after {CONFLICT_ATTEMPTS} attempts")
+
+    async def _version(self, path: str) -> str:
+        async with self.session.get(self.server + path) as response:
+            return json.loads(await response.read())["metadata"]["resourceVersion"]
 
     async def write_policy(self, batch: dict) -> None:
         """One policy: its object writes all at once ([method, path, body]: POST a new object, PUT
