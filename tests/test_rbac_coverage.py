@@ -17,6 +17,7 @@ from tests.operator_helpers import (
     get_rc, pod_fixed, settle, update_spec, wait_for, wait_observed,
 )
 from kata_sizing.controller.leader import LeaseOptions
+from kata_sizing.core.render import MANAGED_BY_LABEL
 from tests.test_manifests import (
     APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, granted_permissions,
 )
@@ -142,6 +143,12 @@ def _broad_scenario(cluster) -> None:
     wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-dropins", OUTPUT_NAMESPACE)["data"]["m.toml"] != "#")
     emu.objects(CONFIG_MAPS).delete("qemu-rs-kata-deploy-values", OUTPUT_NAMESPACE)
     wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-kata-deploy-values", OUTPUT_NAMESPACE))
+    # A ConfigMap whose managed-by label is removed leaves the operator's cache: the pass takes its
+    # name as free, the create meets 409, and the operator reads it (get) before it writes.
+    edit(emu, CONFIG_MAPS, "qemu-rs-node-guidance", lambda o: o["metadata"]["labels"].pop(MANAGED_BY_LABEL),
+         OUTPUT_NAMESPACE)
+    wait_for(lambda: MANAGED_BY_LABEL in emu.objects(CONFIG_MAPS).get("qemu-rs-node-guidance",
+                                                                      OUTPUT_NAMESPACE)["metadata"]["labels"])
     emu.objects(RUNTIME_CLASSES).delete("kata-qemu-rs-s")
     wait_for(lambda: get_rc(emu, "kata-qemu-rs-s"))
     handler_changed = dict(get_rc(emu, "kata-qemu-rs-l"), handler="elsewhere")

@@ -475,6 +475,12 @@ def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_
     control_plane.edit(rc_path(name), lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
     control_plane.delete(cm_path("rbac-dropins"))
     poll(lambda: control_plane.get(cm_path("rbac-dropins")), 10, "drop-ins re-created")
+    # Without its managed-by label a ConfigMap leaves the operator's cache: the create meets 409
+    # and the operator reads it (get configmaps) before it puts the label back.
+    control_plane.edit(cm_path("rbac-node-guidance"),
+                       lambda o: o["metadata"]["labels"].pop("app.kubernetes.io/managed-by"))
+    poll(lambda: "app.kubernetes.io/managed-by" in control_plane.get(cm_path("rbac-node-guidance"))["metadata"]["labels"],
+         10, "the managed-by label put back")
     body["spec"]["classes"].pop()
     control_plane.apply(body)
     wait_observed(control_plane, "rbac", Ready="True")

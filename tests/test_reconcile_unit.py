@@ -19,6 +19,7 @@ from kata_sizing.controller import conditions as cond
 from kata_sizing.controller import reconcile as rc
 from kata_sizing.controller import status as st
 from kata_sizing.controller.execute import WRITES_PER_PASS
+from kata_sizing.controller.informer import HeldNames
 from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
 from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, TransientApiError
 from kata_sizing.controller.plan import build_desired
@@ -137,14 +138,15 @@ class FakeApi:
         return copy.deepcopy(new)
 
 
-class FakeChildren:
+class FakeChildren(HeldNames):
     """The operator's child cache over the fake's objects: every RuntimeClass and admission
     object, and the ConfigMaps labelled managed-by kata-sizing (a ConfigMap without that label
-    is not in the real cache either, so a pass reads it)."""
+    is not in the real cache either), with the real cache's record of names held by others."""
 
     def __init__(self, api: FakeApi) -> None:
         self.api = api
         self.runtime_classes = SimpleNamespace(synced=_set_event(), version=0, items={})
+        self.held_by_others = set()
 
     def _cached(self, obj: dict) -> bool:
         if obj["kind"] == "ConfigMap":
@@ -549,6 +551,54 @@ def test_an_object_that_is_not_ours_is_never_touched():
     assert api.objects[key] == theirs
     assert [c[0] for c in api.writes] == ["patch_status"]
     assert {c["type"]: c["status"] for c in api.policy["status"]["conditions"]}["Conflict"] == "True"
+
+
+def test_creating_a_policy_reads_none_of_its_objects():
+    # Every RuntimeClass and admission object is cached; a ConfigMap missing from the
+    # label-selected cache is taken as absent (a create that finds it taken reads it then).
+    api = FakeApi(policy=policy_body(), allow=ALL_WRITES)
+    run(pass_of(make_state(api), "apply"))
+    assert [c for c in api.calls if c[0] == "read"] == []
+    assert len(api.written("create", "ConfigMap")) == 3
+
+
+def test_a_config_map_of_somebody_else_is_found_by_the_create_and_then_read_until_the_name_is_free():
+    key = ("ConfigMap", NAMESPACE, f"{NAME}-dropins")
+    theirs = {"kind": "ConfigMap", "apiVersion": "v1", "data": {"a": "b"},
+              "metadata": {"name": key[2], "namespace": NAMESPACE, "labels": {"team": "x"}}}
+    api = FakeApi(theirs, policy=policy_body(), allow=ALL_WRITES)
+    stored = copy.deepcopy(api.objects[key])
+    state = make_state(api)
+    sink = Sink()
+    done = run(pass_of(state, "apply", sink))
+    # The create finds the name taken (409), the re-read finds somebody else's: never written.
+    assert [c[0] for c in api.calls if c[1:] == (key,)] == ["create", "read"]
+    assert api.objects[key] == stored
+    assert done.findings.conflicts == [f"ConfigMap {NAMESPACE}/{key[2]} exists and is not managed by this policy; "
+                                       "left untouched"]
+    assert {c["type"]: c["status"] for c in api.policy["status"]["conditions"]}["Conflict"] == "True"
+    assert ("Warning", cond.EVENT_CONFLICT) in sink.reasons()
+
+    # A later pass knows the name is taken: it reads it, plans the same conflict, writes nothing.
+    api.calls.clear()
+    api.allow = set(READS)
+    sink = Sink()
+    done = run(pass_of(state, "resync", sink))
+    assert [c[0] for c in api.calls if c[1:] == (key,)] == ["read"]
+    assert api.writes == [] and sink.events == [] and len(done.findings.conflicts) == 1
+
+    # Once the other ConfigMap is gone, the pass that reads the name free creates ours, and the
+    # passes after it read nothing.
+    del api.objects[key]
+    api.calls.clear()
+    api.allow = set(ALL_WRITES)
+    run(pass_of(state, "resync"))
+    assert [c[0] for c in api.calls if c[1:] == (key,)] == ["read", "create"]
+    assert api.objects[key]["metadata"]["labels"][POLICY_LABEL] == NAME
+    assert {c["type"]: c["status"] for c in api.policy["status"]["conditions"]}["Conflict"] == "False"
+    api.calls.clear()
+    run(pass_of(state, "resync"))
+    assert [c for c in api.calls if c[0] == "read"] == []
 
 
 def test_kata_deploy_mode_guards_without_owning():

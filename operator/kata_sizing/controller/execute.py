@@ -40,6 +40,7 @@ class ChildCache(Protocol):
 
     def record(self, obj: dict) -> None: ...
     def forget(self, key: ObjKey) -> None: ...
+    def held(self, key: ObjKey, by_another: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,10 @@ async def _write(api, action: Action, live: dict | None, label: str, owner: tupl
             return
         except Conflict:
             live, body = await api.read(key), None
-            if live is not None and not is_ours(live, *owner):
+            foreign = live is not None and not is_ours(live, *owner)
+            if children is not None:
+                children.held(key, foreign)
+            if foreign:
                 outcome.results[key] = Result(CONFLICTED, f"{describe(key)} exists and is not managed by this "
                                                           "policy; left untouched")
                 return

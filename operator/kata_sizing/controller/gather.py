@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Hashable, Mapping
 
 from . import cluster
+from .compare import is_ours
 from .kinds import ObjKey
 from .plan import Gathered, Intent, intent_of
 from .state import OperatorState
@@ -151,13 +152,17 @@ def intent(state: OperatorState, body: Mapping, facts: tuple | None) -> Intent:
         sizing=policy_sizing(state, body)))
 
 
-async def current(state: OperatorState, key: ObjKey) -> dict | None:
-    """The live object with this name, whoever's it is: from the cache when the cache holds every
-    object of the kind, else one read."""
+async def current(state: OperatorState, key: ObjKey, owner: tuple[str, str | None]) -> dict | None:
+    """The live object with this name, whoever's it is: from the cache, unless the name was last
+    found held by somebody else's object the cache does not hold (a ConfigMap without our label):
+    then one read. Any other miss is an absent object; a create that finds the name taken reads
+    it then (execute)."""
     cached = state.children.get(key)
-    if cached is not None or state.children.complete(key):
+    if cached is not None or not state.children.hides(key):
         return cached
-    return await state.api.read(key)
+    found = await state.api.read(key)
+    state.children.held(key, found is not None and not is_ours(found, *owner))
+    return found
 
 
 async def survey_proposal(state: OperatorState, sizing: PolicySizing) -> dict:
@@ -189,8 +194,10 @@ async def gather(state: OperatorState, body: dict, trigger: str, facts: tuple | 
     wanted = intent(state, body, facts)
     of_policy = state.children.of_policy(name)
 
+    owner = (name, (body.get("metadata") or {}).get("uid"))
+
     async def look_up(key: ObjKey) -> dict | None:
-        return of_policy[key] if key in of_policy else await current(state, key)
+        return of_policy[key] if key in of_policy else await current(state, key, owner)
 
     keys = wanted.desired.keys() if wanted.desired is not None else []
     found = await asyncio.gather(*(look_up(key) for key in keys))

@@ -180,7 +180,30 @@ def name_key(obj: dict) -> Hashable:
     return (meta.get("namespace"), meta.get("name"))
 
 
-class ChildCache:
+class HeldNames:
+    """Names of a label-selected kind (ConfigMaps) last found held by somebody else's object, which
+    the cache does not hold. Any other miss in the cache is taken as absent, and a create that
+    finds the name taken (409) reads it then (execute): creating a policy's ConfigMaps costs no
+    read (docs/performance.md); a name found taken is read by each pass until it is free."""
+
+    held_by_others: set[ObjKey]
+
+    def complete(self, key: ObjKey) -> bool:
+        raise NotImplementedError
+
+    def hides(self, key: ObjKey) -> bool:
+        """Whether a miss in the cache may hide an object that exists."""
+        return not self.complete(key) and key in self.held_by_others
+
+    def held(self, key: ObjKey, by_another: bool) -> None:
+        """What a read or a write found at `key`: somebody else's object, or not (ours, or none)."""
+        if by_another:
+            self.held_by_others.add(key)
+        else:
+            self.held_by_others.discard(key)
+
+
+class ChildCache(HeldNames):
     """The RuntimeClasses (every one: the audit looks at all Kata classes), the managed
     ConfigMaps (selected by the managed-by label on the server) and the admission objects (every
     one), as reconcile reads them: `get(key)` and `of_policy(name)`, both from memory.
@@ -209,6 +232,7 @@ class ChildCache:
         self._by_kind: dict[str, Informer] = {
             "RuntimeClass": self.runtime_classes, "ConfigMap": self.config_maps, **self.admission}
         self.by_policy: dict[str, set[ObjKey]] = {}
+        self.held_by_others: set[ObjKey] = set()
 
     def informers(self) -> list[Informer]:
         return list(self._by_kind.values())
