@@ -463,6 +463,7 @@ def test_helm_upgrade_rolls_the_deployment_and_each_object_is_written_once_if_it
     release.wait_ready(2)
     quiet(release)
     before_pods = {p["metadata"]["name"] for p in release.pods()}
+    before = policy(cp)
     changed = copy.deepcopy(POLICY)
     changed["spec"]["classes"][0]["memory"] = "900Mi"  # class s: its podFixed (334Mi), drop-in and envelope
     path = tmp_path / "changed.yaml"
@@ -493,17 +494,25 @@ def test_helm_upgrade_rolls_the_deployment_and_each_object_is_written_once_if_it
     managed = {k: n for k, n in writes.items() if not k[0].startswith("katasizingpolicies")}
     assert {k: n for k, n in managed.items() if n > 1} == {}, f"written more than once across the roll: {writes}"
     assert set(managed) == to_write, writes
-    # The status: written once for the policy change; a later write (the new leader's, or the
-    # old one's after the surge pod) may change only what the node's pods decide, status.nodes,
-    # as the guidance ConfigMap above.
+    # The status: written once for the policy change. Any other write may change only what the
+    # node's pods decide, status.nodes (as the guidance ConfigMap above) and status.measurement
+    # (the measurement timer's samples of the pods running): before the change (the old leader
+    # sees the surge pod start) against the status it replaces, after it (the new leader's, or
+    # the old one's) against the policy change's. A status write is a merge patch: the fields it
+    # carries are compared (the drift counters are patched on their own).
     statuses = [e.request["status"] if isinstance(e.request, dict) else e.request for e in release.requests(mark)
                 if e.resource == "katasizingpolicies/status" and e.name == NAME and e.verb in WRITE_VERBS]
     assert len(statuses) == writes[("katasizingpolicies/status", "", NAME)] >= 1, statuses
-    first, *later = statuses
-    assert first["observedGeneration"] == policy(cp)["metadata"]["generation"], first
-    for status in later:
-        changed = sorted(k for k in set(first) | set(status) if k != "nodes" and first.get(k) != status.get(k))
-        assert changed == [], f"a status write after the policy change's changed {changed}: {status}"
+    generation = policy(cp)["metadata"]["generation"]
+    assert generation == before["metadata"]["generation"] + 1
+    generations = [status["observedGeneration"] for status in statuses]
+    assert generations == sorted(generations) and generation in generations, generations
+    first_new = generations.index(generation)
+    for reference, others in ((before["status"], statuses[:first_new]),
+                              (statuses[first_new], statuses[first_new + 1:])):
+        for status in others:
+            differ = sorted(k for k in status if k not in ("nodes", "measurement") and reference.get(k) != status[k])
+            assert differ == [], f"a status write for no policy change changed {differ}: {status}"
     # kopf's own bookkeeping on the policy (its annotations) came from one replica.
     assert len({e.source_ips for e in release.requests(mark)
                 if e.resource == "katasizingpolicies" and e.verb == "patch"}) == 1
