@@ -90,13 +90,14 @@ demo: $(STAMP)
 # Without Go the real-server tests skip with one line saying why (CI sets
 # KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure); likewise the image
 # tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1), and the node tests without Go,
-# root and apt-get (KATA_SIZING_REQUIRE_NODE=1).
+# root and apt-get (KATA_SIZING_REQUIRE_NODE=1). The 25 slowest steps are listed at the end: the
+# suite's budget is 12 minutes on 2 cores (docs/testing.md).
 test: $(STAMP) $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory node; \
 	else echo "go not found: the real control plane and the node are not built and their tests will skip"; fi
 	@if bash scripts/image/install-debs.sh; then $(MAKE) --no-print-directory image; \
 	else echo "the image is not built (see the line above) and its tests will skip"; fi
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25
 
 # The property and hostile-input tests of tests/test_fuzz.py with a larger budget than
 # `make test` gives them (60 inputs per property); hypothesis prints how many it tried.
