@@ -100,6 +100,7 @@ def test_after_a_dropped_watch_a_hand_edit_is_still_corrected(cluster):
 def test_a_request_slower_than_the_client_timeout_is_retried(cluster, monkeypatch):
     emu = cluster.emu
     monkeypatch.setattr(kube, "REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(kube, "WRITE_TIMEOUT_S", 0.5)
     slow = emu.add_latency(2.0, method="POST", path="/runtimeclasses", count=1)
     cluster.start()
     cluster.create(example())
@@ -162,6 +163,7 @@ def test_throttling_and_unavailability_while_correcting_are_retried_until_they_c
 def test_a_dropped_connection_while_correcting_is_retried(cluster, monkeypatch):
     emu = cluster.emu
     monkeypatch.setattr(kube, "REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(kube, "WRITE_TIMEOUT_S", 0.5)
     cluster.start()
     cluster.create(example())
     wait_observed(emu, NAME, Ready="True")

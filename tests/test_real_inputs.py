@@ -10,10 +10,11 @@ which runs decoding, the CRD's structural schema, validation and admission, and 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
-import sys
 import textwrap
 import urllib.parse
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kata_sizing.cli import main as cli_main
 from kata_sizing.core import podfit
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.sizing import size_policy
@@ -38,10 +40,16 @@ DENIED = re.compile(r"ValidatingAdmissionPolicy '([^']+)' with binding '[^']+' d
 
 
 def cli(tmp_path: Path, command: str, text: str, *args: str) -> subprocess.CompletedProcess:
+    """`kata-sizing COMMAND policy.yaml ARGS` in this process (cli.main, what the console script
+    runs; tests/test_startup.py holds the two equal): the table runs it some forty times, and a
+    new interpreter for each took most of this module's time."""
     path = tmp_path / "policy.yaml"
     path.write_text(text)
-    return subprocess.run([sys.executable, "-m", "kata_sizing.cli", command, str(path), *args],
-                          capture_output=True, text=True, timeout=60)
+    argv = [command, str(path), *args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def dry_run(cp: ControlPlane, documents: list[str]) -> tuple[set[str], str]:

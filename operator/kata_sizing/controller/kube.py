@@ -31,6 +31,13 @@ from .kinds import ADMISSION_GROUP, ADMISSION_KINDS, ADMISSION_VERSIONS, KINDS, 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 REQUEST_TIMEOUT_S = 30
+# A write waits for the API server's own answer: the server ends a request at its
+# --request-timeout (60 s by default) with 504, and may have stored the object all the same.
+# Giving up sooner sends the write again while the first is still being done: on a 2-core test
+# machine at 200 policies the server took over 30 s for some admission objects' creates
+# (it compiles their CEL), and each retry met 409 and a read, more load where there was too
+# much (docs/performance.md).
+WRITE_TIMEOUT_S = 65
 # Connections this client may hold to the API server (the client's default is 100). Each
 # informer's watch keeps one for as long as it runs; the rest serve requests, which queue for
 # a free connection rather than open another: over TLS each costs about 300 KiB (asyncio's
@@ -168,7 +175,7 @@ class KubeApi:
         meta = body.get("metadata") or {}
         what = "create " + describe((body["kind"], meta.get("namespace"), meta.get("name") or ""))
         created = await self._json("POST", self.path(kind, meta.get("namespace")), what, body=body,
-                                   query={"fieldManager": FIELD_MANAGER})
+                                   query={"fieldManager": FIELD_MANAGER}, timeout=WRITE_TIMEOUT_S)
         return self._typed(created, body["kind"], kind)
 
     async def read(self, key: ObjKey) -> dict | None:
@@ -187,7 +194,8 @@ class KubeApi:
         meta = body["metadata"]
         key = (body["kind"], meta.get("namespace"), meta["name"])
         replaced = await self._json("PUT", self.path(kind, meta.get("namespace"), meta["name"]),
-                                    f"replace {describe(key)}", body=body, query={"fieldManager": FIELD_MANAGER})
+                                    f"replace {describe(key)}", body=body, query={"fieldManager": FIELD_MANAGER},
+                                    timeout=WRITE_TIMEOUT_S)
         return self._typed(replaced, body["kind"], kind)
 
     async def delete(self, key: ObjKey, uid: str | None = None) -> None:
@@ -213,7 +221,7 @@ class KubeApi:
         kind = self.kind(kind_name)
         patched = await self._json(
             "PATCH", self.path(kind, namespace, name, "status"), f"patch {describe(key)} status", body=patch,
-            content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH)
+            content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH, timeout=WRITE_TIMEOUT_S)
         return self._typed(patched, kind_name, kind)
 
     # --- discovery ---------------------------------------------------------------------
