@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -147,22 +147,28 @@ def spec_change(before: dict, after: dict, served: dict[str, str],
 # --- the audit log: when each write ended ------------------------------------------------------
 
 
-def write_times(cp: ControlPlane, since: int, entries: list[dict] | None = None) -> dict[Key, float]:
-    """The end (stageTimestamp, epoch seconds) of the first write of each object by the operator's
-    identity (the plain client uses it too) since byte `since` of the audit log."""
-    found: dict[Key, float] = {}
-    for entry in cp.audit_entries(since) if entries is None else entries:
+def _operator_writes(entries: list[dict]) -> Iterator[tuple[Key, float, int, str]]:
+    """(key, end in epoch seconds, code, verb) of each completed write by the operator's identity
+    (the plain client uses it too) among audit `entries`."""
+    for entry in entries:
         if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in ("create", "update", "patch"):
             continue
         if (entry.get("user") or {}).get("username") != OPERATOR_USER:
             continue
-        if (entry.get("responseStatus") or {}).get("code", 0) >= 400:
-            continue
         ref = entry.get("objectRef") or {}
         resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        key = (resource, ref.get("namespace", ""), ref.get("name", ""))
-        if key not in found:
-            found[key] = datetime.fromisoformat(entry["stageTimestamp"]).timestamp()
+        yield ((resource, ref.get("namespace", ""), ref.get("name", "")),
+               datetime.fromisoformat(entry["stageTimestamp"]).timestamp(),
+               (entry.get("responseStatus") or {}).get("code", 0), entry["verb"])
+
+
+def write_times(cp: ControlPlane, since: int, entries: list[dict] | None = None) -> dict[Key, float]:
+    """The end of the first successful write of each object since byte `since` of the audit log
+    (or among `entries` read from there)."""
+    found: dict[Key, float] = {}
+    for key, end, code, _ in _operator_writes(cp.audit_entries(since) if entries is None else entries):
+        if code < 400 and key not in found:
+            found[key] = end
     return found
 
 
@@ -182,22 +188,11 @@ def first_request(cp: ControlPlane, since: int, writes_only: bool = False) -> fl
 
 
 def failed_writes(entries: list[dict]) -> dict[Key, tuple[float, int]]:
-    """(the end, the code) of the last write of each object by the operator's identity that the
-    API server ended with 504 (its own timeout: the object may be stored all the same) or a
-    create answered 409 (a retry of such a write finding it stored), among audit `entries`."""
-    found: dict[Key, tuple[float, int]] = {}
-    for entry in entries:
-        code = (entry.get("responseStatus") or {}).get("code", 0)
-        if entry.get("stage") != "ResponseComplete" or (entry.get("user") or {}).get("username") != OPERATOR_USER:
-            continue
-        if not (code == 504 and entry.get("verb") in ("create", "update", "patch")
-                or code == 409 and entry.get("verb") == "create"):
-            continue
-        ref = entry.get("objectRef") or {}
-        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        found[(resource, ref.get("namespace", ""), ref.get("name", ""))] = (
-            datetime.fromisoformat(entry["stageTimestamp"]).timestamp(), code)
-    return found
+    """(the end, the code) of the last write of each object that the API server ended with 504
+    (its own timeout: the object may be stored all the same) or a create answered 409 (a retry of
+    such a write finding it stored), among audit `entries`."""
+    return {key: (end, code) for key, end, code, verb in _operator_writes(entries)
+            if code == 504 or code == 409 and verb == "create"}
 
 
 # Writes the API server ended with its own timeout (504) during a wait, per writer: on a slow
@@ -220,7 +215,8 @@ def wait_written(cp: ControlPlane, since: int, keys: set[Key], timeout: float, i
         failed = failed_writes(entries) if paths is not None else {}
         if not missing or missing <= failed.keys() and all(k in paths and cp.get(paths[k]) for k in missing):
             if paths is not None:
-                SERVER_TIMEOUTS[who] = SERVER_TIMEOUTS.get(who, 0) + sum(1 for _, code in failed.values() if code == 504)
+                SERVER_TIMEOUTS[who] = SERVER_TIMEOUTS.get(who, 0) + sum(
+                    1 for _, _, code, _ in _operator_writes(entries) if code == 504)
             return max([times[k] for k in keys - missing] + [failed[k][0] for k in missing])
         time.sleep(interval)
     return None

@@ -204,7 +204,7 @@ class KubeApi:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
         try:
             await self._json("DELETE", self.path(self.kind(kind_name), namespace, name), f"delete {describe(key)}",
-                             body=body)
+                             body=body, timeout=WRITE_TIMEOUT_S)
         except NotFound:
             pass
 
