@@ -45,12 +45,13 @@ def _wait(predicate: Callable[[], object], timeout: float, interval: float = 0.0
     return None
 
 
-def _objects_written(cp: ControlPlane, name: str, admission_objects: int = 6) -> bool:
+def _objects_written(cp: ControlPlane, name: str, admission_objects: int = 3) -> bool:
     selector = f"katasizing.dev/policy={name}"
     admission = sum(len(cp.items(f"/apis/admissionregistration.k8s.io/v1/{kind}", selector)) for kind in (
         "validatingadmissionpolicies", "validatingadmissionpolicybindings",
         "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"))
-    # Two ValidatingAdmissionPolicies and a MutatingAdmissionPolicy, each with its binding.
+    # Its bindings of the two shared ValidatingAdmissionPolicies and the MutatingAdmissionPolicy
+    # (its ConfigMaps include their parameters).
     return (len(cp.items(RUNTIME_CLASSES, selector)) == CLASSES and len(cp.items(configmaps(), selector)) >= 3
             and admission == admission_objects)
 

@@ -155,8 +155,6 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "realserver": _external("bench.realserver_bench", "bench_realserver"),
     # The operator as a ratio to a plain client writing the same objects to the same server.
     "limit": _external("bench.limit_bench", "bench_limit"),
-    # One shared admission policy with paramKind against today's six objects per policy.
-    "paramkind": _external("bench.paramkind_bench", "bench_paramkind"),
     # The operator's image (`make image`): start-up in it, with and without bytecode.
     "image": _external("bench.image_bench", "bench_image"),
     "measurement": _external("bench.measurement_bench", "bench_measurement"),

@@ -69,11 +69,13 @@ def test_render_prints_configmaps_then_runtime_classes_then_admission_policies(c
         ("RuntimeClass", "kata-qemu-rs-m"),
         ("RuntimeClass", "kata-qemu-rs-l"),
         ("RuntimeClass", "kata-qemu-rs-xl"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-qemu-rs-memory-limit"),
+        # The admission policies every policy shares, then this policy's parameters and bindings.
+        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-envelope"),
+        ("MutatingAdmissionPolicy", "kata-sizing-route"),
+        ("ConfigMap", "qemu-rs-admission"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-memory-limit"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-qemu-rs-envelope"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-envelope"),
-        ("MutatingAdmissionPolicy", "kata-sizing-qemu-rs-route"),
         ("MutatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-route"),
     ]
 
@@ -128,7 +130,7 @@ def test_render_reads_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text()))
     code, out, _ = run(capsys, "render", "-")
     assert code == 0
-    assert len(list(yaml.safe_load_all(out))) == 12
+    assert len(list(yaml.safe_load_all(out))) == 13  # 2 ConfigMaps, 4 RuntimeClasses, 3 shared policies, the parameters, 3 bindings
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

@@ -22,6 +22,7 @@ from kata_sizing.cli import main
 from kata_sizing.controller.policy_webhook import admission_problems, pod_to_route
 from kata_sizing.core import podfit
 from kata_sizing.core.model import PolicyError, parse_policy
+from kata_sizing.core.render import render_policy
 from kata_sizing.core.sizing import size_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,9 +71,9 @@ def test_a_class_cpu_past_int64_millicores_is_refused_naming_the_field(capsys, w
 def test_the_largest_class_cpu_renders_the_largest_cel_literal(capsys, write):
     code, out, _ = run(capsys, "render", write(policy_text(f'classes: [{{name: s, cpu: "{INT64_MAX}m", memory: 1Gi}}]')))
     assert code == 0
-    variables = {v["name"]: v["expression"] for d in yaml.safe_load_all(out)
-                 if d["kind"] == "ValidatingAdmissionPolicy" for v in d["spec"]["variables"]}
-    assert variables["classCpu"] == f"[{INT64_MAX}]"
+    (params,) = [d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "p-admission"]
+    # The shared CEL reads it with int(), which takes every int64.
+    assert params["data"]["classCpu"] == str(INT64_MAX)
 
 
 # --- types the API server refuses ---------------------------------------------------------------
@@ -301,9 +302,15 @@ def test_the_policy_says_what_admission_does_with_them(capsys, write):
     assert "spec.admission.envelopeExceeded is Warn, so such pods are admitted and then fail to start" in err
 
 
-def test_a_policy_without_a_zero_class_gets_the_same_cel_as_before():
-    sizing = size_policy(parse_policy(yaml.safe_load(EXAMPLE.read_text())))
-    assert len(podfit.validations(sizing)["envelope"]) == 2
+def test_every_policy_binds_the_same_cel_and_only_its_parameters_say_which_classes_kata_refuses():
+    zero = render_policy(parse_policy(yaml.safe_load(ZERO)))
+    example = render_policy(parse_policy(yaml.safe_load(EXAMPLE.read_text())))
+    shared = [[o for o in r.admission if not o["kind"].endswith("Binding") and o["kind"] != "ConfigMap"]
+              for r in (zero, example)]
+    assert shared[0] == shared[1] and len(shared[0]) == 3
+    params = [next(o["data"] for o in r.admission if o["kind"] == "ConfigMap") for r in (zero, example)]
+    assert (params[0]["defaultZero"], params[0]["overheadZero"]) == ("true,false", "false,true")
+    assert (params[1]["defaultZero"], params[1]["overheadZero"]) == ("false,false,false,false",) * 2
 
 
 # --- tracebacks and wrong answers ----------------------------------------------------------------

@@ -271,7 +271,8 @@ def test_a_pod_over_every_envelope_is_refused_at_admission(release: OperatorRele
         (finding,) = explained["admission"]["findings"]
         refused = create_pod(node, body)
         assert refused.returncode != 0, refused.stdout
-        assert f"ValidatingAdmissionPolicy 'kata-sizing-{NAME}-envelope'" in refused.stderr, refused.stderr
+        assert f"ValidatingAdmissionPolicy 'kata-sizing-envelope' with binding 'kata-sizing-{NAME}-envelope'" in refused.stderr, \
+            refused.stderr
         assert finding["message"] in refused.stderr, (finding, refused.stderr)
         assert node.cp.get(node.pod_path(body)) is None
 

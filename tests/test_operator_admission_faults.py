@@ -24,17 +24,19 @@ VAPB = f"{ADMISSION}/validatingadmissionpolicybindings"
 MAP = f"{ADMISSION}/mutatingadmissionpolicies"
 MAPB = f"{ADMISSION}/mutatingadmissionpolicybindings"
 VAP_PATH = re.compile(r"^/apis/admissionregistration\.k8s\.io/v1/validatingadmissionpolicies")
-NAMES = {VAP: {"kata-sizing-gate-envelope", "kata-sizing-gate-memory-limit"},
+# The shared admission policies, and the policy's bindings of them.
+NAMES = {VAP: {"kata-sizing-envelope", "kata-sizing-memory-limit"},
          VAPB: {"kata-sizing-gate-envelope", "kata-sizing-gate-memory-limit"},
-         MAP: {"kata-sizing-gate-route"}, MAPB: {"kata-sizing-gate-route"}}
+         MAP: {"kata-sizing-route"}, MAPB: {"kata-sizing-gate-route"}}
 
 
 def admission_names(emu, policy: str = NAME) -> dict[str, set[str]]:
-    selector = f"katasizing.dev/policy={policy}"
     found = {}
     for kind in NAMES:
         try:
-            found[kind] = {o["metadata"]["name"] for o in emu.objects(kind).list(label_selector=selector)}
+            found[kind] = {o["metadata"]["name"] for selector in (f"katasizing.dev/policy={policy}",
+                                                                  "katasizing.dev/shared=admission")
+                           for o in emu.objects(kind).list(label_selector=selector)}
         except Exception:  # noqa: BLE001 - a kind this emulator does not serve
             continue
     return {k: v for k, v in found.items() if v}
@@ -78,8 +80,9 @@ def test_after_a_dropped_watch_a_deleted_admission_policy_is_still_recreated(clu
     wait_observed(emu, NAME, Ready="True")
     settle(emu)
     assert emu.drop_watches(MAP) >= 1
-    emu.objects(MAP).delete("kata-sizing-gate-route")
-    wait_for(lambda: emu.objects(MAP).get("kata-sizing-gate-route"), 10)
+    # The routing policy every policy binds: a pass of the policy that binds it puts it back.
+    emu.objects(MAP).delete("kata-sizing-route")
+    wait_for(lambda: emu.objects(MAP).get("kata-sizing-route"), 10)
     wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, 5)
 
 
@@ -107,4 +110,5 @@ def test_without_a_mutating_admission_policy_served_auto_routing_leaves_it_to_th
     # A policy that asks for the MutatingAdmissionPolicy by name is told it cannot have one.
     wait_observed(emu, "insists", Ready="True")
     warnings = status(emu, "insists").get("warnings") or []
-    assert any("does not serve MutatingAdmissionPolicy kata-sizing-insists-route" in w for w in warnings), warnings
+    assert any("does not serve MutatingAdmissionPolicy kata-sizing-route" in w for w in warnings), warnings
+    assert any("does not serve MutatingAdmissionPolicyBinding kata-sizing-insists-route" in w for w in warnings)

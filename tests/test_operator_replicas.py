@@ -20,7 +20,7 @@ from kata_sizing.controller import handlers
 from kata_sizing.controller.leader import LeaseOptions
 from tests.harness import KopfThread
 from tests.operator_helpers import (
-    LEASE_PATH, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example, pod_fixed, runtime_classes,
+    CM_PATH, LEASE_PATH, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example, pod_fixed, runtime_classes,
     settle, stays, terminate, wait_for, wait_observed,
 )
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.emulator
 
 NAME = "qemu-rs"
 RC_NAMES = {f"kata-qemu-rs-{c}" for c in ("s", "m", "l", "xl")}
-CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance"}
+CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance", f"{NAME}-admission"}
 LEASE_NS = "kata-sizing"
 # Short, to keep the tests quick; the order (retry < renew deadline < duration) is client-go's.
 # Two operators in one process share the GIL, so a busy pass can delay the other's renewal.
@@ -124,7 +124,7 @@ def test_a_leader_killed_mid_reconcile_is_replaced_and_nothing_is_made_twice(clu
         wait_for(lambda: any(by_prefix(r, "b") for r in emu.request_log), 20, "the second replica never started")
 
         emu.objects("katasizingpolicies").create(example())
-        wait_for(lambda: any(r.status == 201 for r in emu.requests("POST", RC_PATH)), 10)
+        wait_for(lambda: any(r.status == 201 for path in (RC_PATH, CM_PATH) for r in emu.requests("POST", path)), 10)
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(10)
         at_kill = len(emu.request_log)

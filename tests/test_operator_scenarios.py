@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 
 import pytest
 
@@ -26,7 +27,8 @@ NAME = "qemu-rs"
 CLASSES = ("s", "m", "l", "xl")
 RC_NAMES = {f"kata-qemu-rs-{c}" for c in CLASSES}
 # The node guidance ConfigMap exists even with no Kata nodes in the cluster (it says so).
-CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance"}
+# The values overlay, the drop-ins, the node guidance and the admission parameters.
+CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance", f"{NAME}-admission"}
 # Generous functional bounds; how fast drift is put back is the bench's business.
 DRIFT_TIMEOUT_S = 5
 
@@ -127,10 +129,12 @@ def test_changing_one_class_rewrites_only_that_runtime_class_and_the_configmaps(
 
     rc_writes, cm_writes = writes(emu, RC_PATH), writes(emu, CM_PATH)
     assert describe_writes(rc_writes) == ["PUT /apis/node.k8s.io/v1/runtimeclasses/kata-qemu-rs-m -> 200"]
-    # The values overlay and the drop-ins name the class's sizes; the guidance (no nodes) does not.
-    changed_cms = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins"}
+    # The values overlay, the drop-ins and the admission parameters name the class's sizes; the
+    # guidance (no nodes) does not. The admission policies' CEL is not rewritten, nor any binding.
+    changed_cms = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-admission"}
     assert sorted(describe_writes(cm_writes)) == sorted(
         f"PUT /api/v1/namespaces/{OUTPUT_NAMESPACE}/configmaps/{n} -> 200" for n in changed_cms)
+    assert describe_writes(writes(emu, re.compile("/apis/admissionregistration"))) == []
     assert len(writes(emu, STATUS_PATH)) == 1
 
     after = snapshot(emu)

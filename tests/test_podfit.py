@@ -261,14 +261,22 @@ def test_rendered_admission_objects() -> None:
     rendered = render_policy(parse_policy(POLICY))
     kinds = [(o["kind"], o["metadata"]["name"]) for o in rendered.admission]
     assert kinds == [
-        ("ValidatingAdmissionPolicy", "kata-sizing-fit-memory-limit"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-envelope"),
+        ("MutatingAdmissionPolicy", "kata-sizing-route"),
+        ("ConfigMap", "fit-admission"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-memory-limit"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-fit-envelope"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-envelope"),
-        ("MutatingAdmissionPolicy", "kata-sizing-fit-route"),
         ("MutatingAdmissionPolicyBinding", "kata-sizing-fit-route"),
     ]
-    for obj in rendered.admission:
+    shared, own = rendered.admission[:3], rendered.admission[3:]
+    for obj in shared:
+        assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kata-sizing",
+                                             "katasizing.dev/shared": "admission"}
+        assert obj["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+        text = json.dumps(obj["spec"])
+        assert "kata-fit-" not in text and '\\"fit\\"' not in text and "policy fit" not in text  # nothing of this policy
+    for obj in own:
         assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kata-sizing",
                                              "katasizing.dev/policy": "fit"}
         assert "ownerReferences" not in obj["metadata"]
@@ -278,17 +286,24 @@ def test_rendered_admission_objects() -> None:
     assert bindings["kata-sizing-fit-route"]["matchResources"]["namespaceSelector"] == {
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                               "values": ["fit-in", "fit-routed"]}]}
+    for spec in bindings.values():
+        assert spec["paramRef"] == {"name": "fit-admission", "namespace": "kata-sizing",
+                                    "parameterNotFoundAction": "Deny"}
+    params = own[0]
+    assert params["metadata"]["namespace"] == "kata-sizing"
+    assert params["data"]["runtimeClasses"] == ",".join(c.runtime_class for c in size_policy(parse_policy(POLICY)).classes)
     assert rendered.objects()[-len(rendered.admission):] == rendered.admission
     webhook = render_policy(parse_policy({**POLICY, "spec": {**POLICY["spec"], "admission": {"routing": "Webhook"}}}))
     assert [o["kind"] for o in webhook.admission if "Mutating" in o["kind"]] == []
 
 
-def test_owned_like_the_runtime_classes_when_the_policy_has_a_uid() -> None:
+def test_owned_like_the_runtime_classes_when_the_policy_has_a_uid_and_the_shared_ones_by_none() -> None:
     body = json.loads(json.dumps(POLICY))
     body["metadata"]["uid"] = "0b7d6a51-3c1f-4e8e-a3a5-2f1d9c0e7b11"
     rendered = render_policy(parse_policy(body))
     owners = rendered.runtime_classes[0]["metadata"]["ownerReferences"]
-    assert all(o["metadata"]["ownerReferences"] == owners for o in rendered.admission)
+    assert all(o["metadata"]["ownerReferences"] == owners for o in rendered.admission[3:])
+    assert all("ownerReferences" not in o["metadata"] for o in rendered.admission[:3])
 
 
 def test_admission_objects_pass_the_kubernetes_schemas_strictly() -> None:

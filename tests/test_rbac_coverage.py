@@ -102,12 +102,25 @@ def _broad_scenario(cluster) -> None:
         "nodeName": "kata-1", "containers": [{"name": "c", "resources": {"requests": {"memory": "1Gi"}}}]}})
     # Somebody else's RuntimeClass with a name a policy wants: a conflict.
     emu.objects(RUNTIME_CLASSES).create({"metadata": {"name": "kata-taken-m"}, "handler": "kata-taken-m"})
+    # What an operator before the shared admission policies wrote for a policy: its own policies,
+    # which the upgraded operator deletes (their bindings it rewrites to the shared ones).
+    labels = {MANAGED_BY_LABEL: "kata-sizing", "katasizing.dev/policy": "qemu-rs"}
+    for kind, name, spec in (
+            ("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope",
+             {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": []}, "validations": []}),
+            ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route",
+             {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": []}, "mutations": []})):
+        emu.objects(f"admissionregistration.k8s.io/v1/{kind}").create(
+            {"metadata": {"name": name, "labels": labels}, "spec": spec})
     # As the Deployment runs it: leader-elected (the Lease's verbs are exercised too).
     cluster.start(resync_s=0.5, lease=LeaseOptions(namespace=OUTPUT_NAMESPACE, identity="rbac-check"))
     wait_for(lambda: emu.objects("leases").get("kata-sizing", OUTPUT_NAMESPACE), 10)
 
     cluster.create(explicit_classes_policy())
     wait_observed(emu, "qemu-rs", Ready="True")
+    for kind, name in (("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope"),
+                       ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route")):
+        wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name) is None)
     taken = example()
     taken["metadata"]["name"] = "taken"
     taken["spec"]["output"] = {"namespace": "other"}
@@ -156,18 +169,25 @@ def _broad_scenario(cluster) -> None:
     wait_for(lambda: (get_rc(emu, "kata-qemu-rs-l") or {}).get("handler") == "kata-qemu-rs-l")
     # A hand deletion of each admission kind, and a create that meets 409 (somebody made one of
     # that name meanwhile): the operator reads it (get) before it writes again.
-    for kind, name in (("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope"),
+    for kind, name in (("validatingadmissionpolicies", "kata-sizing-envelope"),
                        ("validatingadmissionpolicybindings", "kata-sizing-qemu-rs-memory-limit"),
-                       ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route"),
+                       ("mutatingadmissionpolicies", "kata-sizing-route"),
                        ("mutatingadmissionpolicybindings", "kata-sizing-qemu-rs-route")):
         emu.fail_next(1, status=409, method="POST", path=f"/{kind}$")
         emu.objects(f"admissionregistration.k8s.io/v1/{kind}").delete(name)
         wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name))
+    # A hand edit of each shared admission policy is put back (update).
+    for kind, name in (("validatingadmissionpolicies", "kata-sizing-envelope"),
+                       ("mutatingadmissionpolicies", "kata-sizing-route")):
+        path = f"admissionregistration.k8s.io/v1/{kind}"
+        edit(emu, path, name, lambda o: o["spec"].update(failurePolicy="Ignore"))
+        wait_for(lambda path=path, name=name: emu.objects(path).get(name)["spec"]["failurePolicy"] == "Fail")
     for binding in ("validatingadmissionpolicybindings", "mutatingadmissionpolicybindings"):
         path = f"admissionregistration.k8s.io/v1/{binding}"
-        name = "kata-sizing-qemu-rs-envelope" if binding.startswith("validating") else "kata-sizing-qemu-rs-route"
+        name, shared = (("kata-sizing-qemu-rs-envelope", "kata-sizing-envelope") if binding.startswith("validating")
+                        else ("kata-sizing-qemu-rs-route", "kata-sizing-route"))
         edit(emu, path, name, lambda o: o["spec"].update(policyName="elsewhere"))
-        wait_for(lambda path=path, name=name: emu.objects(path).get(name)["spec"]["policyName"] == name)
+        wait_for(lambda path=path, name=name, shared=shared: emu.objects(path).get(name)["spec"]["policyName"] == shared)
     edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
     wait_for(lambda: (emu.objects(POLICIES).get("report").get("status") or {}).get("driftDetected"))
     settle(emu)

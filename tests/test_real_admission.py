@@ -37,7 +37,8 @@ POLICY_BODY["spec"]["runtimeClass"] = {"nodeSelector": {"katacontainers.io/kata-
                                        "tolerations": [TOLERATION]}
 NAMESPACE_OPTED = "fit-ns-opted"
 POLICY_BODY["spec"]["admission"]["namespaces"]["names"].append(NAMESPACE_OPTED)
-NAMES = podfit.admission_names("fit")
+# The policies kubectl names in a verdict: the shared ones (each with this policy's binding).
+NAMES = podfit.SHARED_NAMES
 PAUSE = "registry.k8s.io/pause:3.10"
 
 # kubectl's lines for an admission policy's verdicts.
@@ -94,8 +95,11 @@ def fit_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
                   for name in (IN, OUT, ROUTED)]
     namespaces.append({"apiVersion": "v1", "kind": "Namespace",
                        "metadata": {"name": NAMESPACE_OPTED, "labels": {podfit.POLICY_LABEL: "fit"}}})
-    objects = [o for o in rendered_objects(tmp, POLICY_BODY) if o["kind"] != "ConfigMap"]
-    cp.apply(*namespaces, *objects)
+    # Not the kata-deploy values and drop-ins; the admission parameters the bindings name, yes.
+    objects = [o for o in rendered_objects(tmp, POLICY_BODY)
+               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == podfit.params_name("fit")]
+    output = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": objects[-1]["spec"]["paramRef"]["namespace"]}}
+    cp.apply(output, *namespaces, *objects)
     # The admission plugins learn of new policies through informers: wait until one refuses.
     probe = Case("probe", (limits("8", "1Gi"),), None, None).pod()
     poll(lambda: cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe),
@@ -108,8 +112,10 @@ def fit_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
                                                       input=yaml.safe_dump(opted), check=False).stdout,
              30, f"the routing policy sets a class in namespace {opted['metadata']['namespace']}")
     yield cp, tmp, objects
+    # Not the shared admission policies: other policies of the session may bind them.
+    own = [o for o in objects if "katasizing.dev/shared" not in o["metadata"]["labels"]]
     cp.kubectl("delete", "--wait=false", "--ignore-not-found", "-f", "-",
-               input=yaml.safe_dump_all(objects + namespaces), check=False)
+               input=yaml.safe_dump_all(own + namespaces), check=False)
 
 
 def dry_run(cp: ControlPlane, pods: list[dict], *extra: str) -> subprocess.CompletedProcess:

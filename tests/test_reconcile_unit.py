@@ -559,7 +559,7 @@ def test_creating_a_policy_reads_none_of_its_objects():
     api = FakeApi(policy=policy_body(), allow=ALL_WRITES)
     run(pass_of(make_state(api), "apply"))
     assert [c for c in api.calls if c[0] == "read"] == []
-    assert len(api.written("create", "ConfigMap")) == 3
+    assert len(api.written("create", "ConfigMap")) == 4  # values, drop-ins, guidance, admission parameters
 
 
 def test_a_config_map_of_somebody_else_is_found_by_the_create_and_then_read_until_the_name_is_free():
@@ -690,10 +690,13 @@ def test_a_missing_output_namespace_is_in_status_with_the_servers_message_and_is
     with pytest.raises(rc.RetryLater, match='namespaces "not-yet" not found'):
         run(pass_of(make_state(api), "apply", sink, landed))
     configmap_creates = api.written("create", "ConfigMap")
-    assert len(configmap_creates) == 3, "each ConfigMap is tried once a pass, not five times"
-    # The other objects are written, and counted as written.
+    assert len(configmap_creates) == 4, "each ConfigMap is tried once a pass, not five times"
+    # The other objects are written, and counted as written: the RuntimeClasses and the shared
+    # admission policies. Not the bindings: without their parameters they would deny every pod
+    # of the classes.
     assert len(api.written("create", "RuntimeClass")) == 4
-    assert len(landed) == 4 + 6 and not [t for t in landed if "ConfigMap" in t]
+    assert len(landed) == 4 + 3 and not [t for t in landed if "ConfigMap" in t or "Binding" in t]
+    assert [c for c in api.calls if c[0] == "create" and c[1][0].endswith("Binding")] == []
     status = api.policy["status"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["InSync"]["reason"] == cond.REASON_OUTPUT_NAMESPACE_MISSING

@@ -95,7 +95,7 @@ def test_every_object_passes_kubernetes_schemas_strictly(rendered):
     # MutatingAdmissionPolicy from 1.36 (docs/admission.md): checked against the newest schemas.
     assert {o["kind"] for o in rendered.admission} == {
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding"}
+        "MutatingAdmissionPolicyBinding", "ConfigMap"}
     for obj in rendered.admission:
         kubernetes_validate.validate(obj, SCHEMA_VERSIONS[-1], strict=True)
         if obj["kind"].startswith("Validating"):
@@ -180,8 +180,8 @@ def test_owner_references_only_when_the_policy_has_a_uid():
 def test_managed_by_kata_deploy_leaves_runtime_classes_to_the_chart():
     operator = render_policy(_policy({"shim": "qemu-runtime-rs"}))
     chart = render_policy(_policy({"shim": "qemu-runtime-rs", "runtimeClass": {"managedBy": "KataDeploy"}}))
-    admission = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2 + [
-        "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
+    admission = ["ValidatingAdmissionPolicy"] * 2 + ["MutatingAdmissionPolicy", "ConfigMap"] + [
+        "ValidatingAdmissionPolicyBinding"] * 2 + ["MutatingAdmissionPolicyBinding"]
     assert [o["kind"] for o in operator.objects()] == ["ConfigMap"] * 2 + ["RuntimeClass"] * 4 + admission
     # The admission policies hold pods to their class whoever creates the RuntimeClasses.
     assert [o["kind"] for o in chart.objects()] == ["ConfigMap"] * 2 + admission

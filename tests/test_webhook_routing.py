@@ -129,7 +129,8 @@ def test_with_a_mutating_admission_policy_served_the_webhook_leaves_auto_routing
     emu = webhook.emu
     emu.objects(POLICIES).create(routed_policy("auto", routing="Auto"))
     wait_observed(emu, "auto", Ready="True")
-    assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicies").get("kata-sizing-auto-route")
+    assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicies").get("kata-sizing-route")
+    assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings").get("kata-sizing-auto-route")
     assert patch_of(post(webhook, review(pod(labels={"katasizing.dev/policy": "auto"}, cpu="1", memory="1Gi")))) == []
 
 

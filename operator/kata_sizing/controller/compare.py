@@ -12,7 +12,7 @@ import copy
 
 from .kinds import is_admission_kind
 from ..core.quantity import QuantityError, parse_quantity
-from ..core.render import MANAGED_BY_LABEL, POLICY_LABEL
+from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, SHARED_ADMISSION, SHARED_LABEL
 
 
 def _same_quantity(a: object, b: object) -> bool:
@@ -176,10 +176,13 @@ def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
 
 
 def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
-    """Labelled for this policy, or owned by it. The managed-by label is not looked at: Helm
-    replaces it with its own on the RuntimeClasses the kata-deploy chart creates from our values."""
+    """Labelled for this policy, or owned by it, or one of the admission policies every policy
+    shares (labelled so, and as kata-sizing's). Otherwise the managed-by label is not looked at:
+    Helm replaces it with its own on the RuntimeClasses the kata-deploy chart creates from our values."""
     meta = live.get("metadata") or {}
     labels = meta.get("labels") or {}
     if labels.get(POLICY_LABEL) == policy_name:
+        return True
+    if labels.get(SHARED_LABEL) == SHARED_ADMISSION and labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
         return True
     return bool(policy_uid) and any(o.get("uid") == policy_uid for o in meta.get("ownerReferences") or [])

@@ -24,6 +24,7 @@ from .compare import corrected, differences, is_ours
 from .kinds import ObjKey, describe, is_admission_kind
 from .plan import Action, Verb
 from .retry import CONFLICT_ATTEMPTS
+from ..core.render import SHARED_LABEL
 
 # Writes one pass has in flight at once. More would shorten a single policy's creation a little
 # further, but at a cold start every policy's pass runs at once, and each waiting write holds its
@@ -74,21 +75,38 @@ async def execute(
     name, uid): an object found on a re-read that is not that policy's is never written."""
     outcome = Outcome(landed if landed is not None else [])
     slots = asyncio.Semaphore(WRITES_PER_PASS)
+    writes = {a.key: a for a in actions if a.writes}
+    finished = {key: asyncio.Event() for key in writes}
 
     async def bounded(action: Action) -> None:
-        async with slots:
-            try:
+        try:
+            # A write waits for those of this pass it needs (Action.needs); when one did not land,
+            # it is not made (a failed write is retried, and it with it).
+            for key in action.needs:
+                if key in finished and key != action.key:
+                    await finished[key].wait()
+            unmet = [k for k in action.needs if outcome.results.get(k, Result(DONE)).status not in (DONE, UNCHANGED)]
+            if unmet:
+                outcome.results[action.key] = Result(
+                    FAILED, f"{describe(action.key)}: not written, since {describe(unmet[0])} it names was not")
+                return
+            async with slots:
                 await _carry_out(api, action, owner, children, outcome)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - kept as this write's outcome; the caller raises it
-                outcome.results[action.key] = Result(ERROR, f"{describe(action.key)}: {exc}", exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - kept as this write's outcome; the caller raises it
+            outcome.results[action.key] = Result(ERROR, f"{describe(action.key)}: {exc}", exc)
+        finally:
+            finished[action.key].set()
 
-    # Deletions last: a renamed class's new RuntimeClass exists before the old one goes.
+    # Deletions last: a renamed class's new RuntimeClass exists before the old one goes. What
+    # others need is started first (the slots are taken in the order asked for).
+    needed = {key for a in writes.values() for key in a.needs}
     for verbs in ((Verb.CREATE, Verb.REPLACE, Verb.RECREATE), (Verb.DELETE,)):
         if outcome.error is not None:
             break
-        await asyncio.gather(*(bounded(a) for a in actions if a.verb in verbs))
+        batch = sorted((a for a in actions if a.verb in verbs), key=lambda a: a.key not in needed)
+        await asyncio.gather(*(bounded(a) for a in batch))
     return outcome
 
 
@@ -121,9 +139,43 @@ def _landed(outcome: Outcome, key: ObjKey, text: str) -> None:
     outcome.results[key] = Result(DONE, text)
 
 
+# The creates of shared objects in flight (render.SHARED_LABEL: the admission policies every
+# policy's pass wants), by client and key: at a cold start every policy's pass finds them missing,
+# and one create serves them all instead of one create and a 409 and a read per policy.
+_SHARED_CREATES: dict[tuple[int, ObjKey], asyncio.Future] = {}
+
+
+def _shared(want: dict | None) -> bool:
+    return ((want or {}).get("metadata") or {}).get("labels", {}).get(SHARED_LABEL) is not None
+
+
 async def _write(api, action: Action, live: dict | None, label: str, owner: tuple[str, str | None],
                  children: ChildCache | None, outcome: Outcome) -> None:
     """Make the object's decided fields `action.want`'s: create it, or put them onto `live`."""
+    key, want = action.key, action.want
+    if live is None and _shared(want) and not action.guarded:
+        flight = (id(api), key)
+        pending = _SHARED_CREATES.get(flight)
+        if pending is not None:
+            created = await asyncio.shield(pending)
+            if created is not None and not differences(want, created, False):
+                _remember(children, created)
+                outcome.results[key] = Result(UNCHANGED)
+                return
+        else:
+            _SHARED_CREATES[flight] = asyncio.get_running_loop().create_future()
+            written = None
+            try:
+                written = await _write_once(api, action, live, label, owner, children, outcome)
+            finally:
+                _SHARED_CREATES.pop(flight).set_result(written)
+            return
+    await _write_once(api, action, live, label, owner, children, outcome)
+
+
+async def _write_once(api, action: Action, live: dict | None, label: str, owner: tuple[str, str | None],
+                      children: ChildCache | None, outcome: Outcome) -> dict | None:
+    """One object written (what the server returned), or its outcome recorded (None)."""
     key, want = action.key, action.want
     body = action.body
     for _ in range(CONFLICT_ATTEMPTS):
@@ -139,7 +191,7 @@ async def _write(api, action: Action, live: dict | None, label: str, owner: tupl
                 text = f"{label} {describe(key)}"
             _remember(children, written)
             _landed(outcome, key, text + (" (handler changed)" if label == "re-created" else ""))
-            return
+            return written
         except Conflict:
             live, body = await api.read(key), None
             foreign = live is not None and not is_ours(live, *owner)

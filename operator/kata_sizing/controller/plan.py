@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .compare import corrected, differences, is_ours
-from .kinds import ObjKey, describe, obj_key
+from .kinds import ObjKey, describe, is_admission_kind, obj_key
 from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from ..core.render import Rendered, configmap_names, render_policy
 from ..core.sizing import PolicySizing, Severity, size_policy
@@ -64,10 +64,22 @@ class Action:
     # it is a drift correction, a report of it a drift detection.
     drift: bool = False
     trigger: Trigger = Trigger.APPLY
+    # Objects that must exist before this write, when the same pass writes them too: a binding
+    # needs the parameters it names (one whose parameters do not exist denies every pod it
+    # matches). Its admission policy it does not: the server ignores a binding of a missing policy.
+    needs: tuple[ObjKey, ...] = ()
 
     @property
     def writes(self) -> bool:
         return self.verb in WRITES
+
+
+def needs_of(want: dict | None) -> tuple[ObjKey, ...]:
+    """What must exist before the object is written: a binding's parameters ConfigMap."""
+    if not ((want or {}).get("kind") or "").endswith("PolicyBinding"):
+        return ()
+    ref = (want.get("spec") or {}).get("paramRef") or {}
+    return (("ConfigMap", ref.get("namespace"), ref["name"]),) if ref.get("name") else ()
 
 
 def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_policy: str, trigger: Trigger) -> Action:
@@ -161,12 +173,14 @@ def admission_objects(
 ) -> tuple[dict[ObjKey, dict], list[dict]]:
     """(the rendered admission objects the server can store, those it cannot). With
     `admission_versions` None (no discovery: unit tests) every one is kept; otherwise an object
-    is kept when the server serves its kind at the version it is rendered with."""
+    is kept when the server serves its kind at the version it is rendered with (the parameters
+    ConfigMap always)."""
     kept: dict[ObjKey, dict] = {}
     left_out: list[dict] = []
     for obj in rendered.admission:
         version = (obj.get("apiVersion") or "").rpartition("/")[2]
-        if admission_versions is None or admission_versions.get(obj["kind"]) == version:
+        if admission_versions is None or not is_admission_kind(obj["kind"]) \
+                or admission_versions.get(obj["kind"]) == version:
             kept[obj_key(obj)] = obj
         else:
             left_out.append(obj)
@@ -309,6 +323,8 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
         action = decide(want, have, ownership, desired.drift_policy, trigger)
         if ownership is Ownership.FOREIGN and role is Ownership.GUARDED:
             action = replace(action, guarded=True)  # the chart's object, without our labels
+        if action.writes and needs_of(want):
+            action = replace(action, needs=needs_of(want))
         actions.append(action)
     guidance_name = configmap_names(desired.policy_name)["guidance"]
     for key, have in live_of_policy.items():

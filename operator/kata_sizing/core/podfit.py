@@ -8,10 +8,12 @@ so that they cannot drift apart:
 
 - in Python (`pod_limits`, `check_pod`, `route`), for `kata-sizing explain --pod`,
   `kata-sizing audit --pods`, the operator's audit of running pods and its webhook fallback;
-- as CEL for the API server (`admission_specs`): a ValidatingAdmissionPolicy per rule (a
+- as CEL for the API server (`shared_admission_specs`): a ValidatingAdmissionPolicy per rule (a
   binding's validationActions apply to every validation of its policy, and each rule has its
-  own action) and a MutatingAdmissionPolicy for the routing. tests/test_podfit.py runs a
-  table of pods through both, the CEL on the real API server.
+  own action) and a MutatingAdmissionPolicy for the routing, the same for every policy, with
+  `paramKind: ConfigMap`; each policy binds them to its own figures (`binding_specs`,
+  `params_data`). tests/test_podfit.py runs a table of pods through both, the CEL on the real
+  API server.
 
 Effective limits are Kubernetes' own (k8s.io/component-helpers resource.PodLimits): the
 regular containers summed plus the restartable init containers (sidecars); the larger of that
@@ -33,8 +35,10 @@ Interface (used by the operator, the webhook, the CLI):
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
   applies (only runtimeClassName; see `route_patch`).
-- `admission_specs(sizing) -> [(apiVersion, kind, name, spec)]`: the VAPs, MAP and bindings
-  (render.render_admission makes them objects, with the policy's labels and owner).
+- `shared_admission_specs(routing) -> [(apiVersion, kind, name, spec)]`: the shared VAPs and MAP;
+  `binding_specs(sizing)`: a policy's bindings; `params_data(sizing)`: its parameters
+  (render.render_admission makes them objects, the bindings and parameters with the policy's
+  labels and owner).
 """
 
 from __future__ import annotations
@@ -508,10 +512,6 @@ def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _cel_list(items: Sequence[object]) -> str:
-    return "[" + ", ".join(_cel_string(i) if isinstance(i, str) else str(i) for i in items) + "]"
-
-
 def _cel_bytes(q: str) -> str:
     # A whole number of bytes as int; a fraction rounds up as Kubernetes rounds it.
     return (f"(quantity({q}).isInteger() ? quantity({q}).asInteger() : "
@@ -558,9 +558,47 @@ _CEL_CPU_TEXT = ("!variables.cpuSet ? 'none' : variables.cpu % 1000 == 0 ? strin
                  "string(variables.cpu) + 'm'")
 
 
-def cel_variables(sizing: PolicySizing) -> list[dict]:
-    """The VAP/MAP `variables`: the pod's effective limits and the policy's classes."""
+# The figures of one policy the shared CEL reads (`params.data[...]`): podfit's own lists,
+# joined (class names and RuntimeClass names are DNS labels, numbers digits; the envelope texts
+# hold commas, "cpu 1, memory 1Gi", and no semicolon).
+_PARAM_LISTS = {
+    "classNames": ("params.data['classNames'].split(',')", ","),
+    "runtimeClasses": ("params.data['runtimeClasses'].split(',')", ","),
+    "classCpu": ("params.data['classCpu'].split(',').map(x, int(x))", ","),
+    "classMemory": ("params.data['classMemory'].split(',').map(x, int(x))", ","),
+    "classEnvelopes": ("params.data['classEnvelopes'].split(';')", ";"),
+    "defaultZero": ("params.data['defaultZero'].split(',').map(x, x == 'true')", ","),
+    "overheadZero": ("params.data['overheadZero'].split(',').map(x, x == 'true')", ","),
+}
+
+
+def params_data(sizing: PolicySizing) -> dict[str, str]:
+    """The data of the policy's parameters ConfigMap: everything the shared CEL reads of it."""
+    from .rules import sandbox_zero_message
+
     classes = sizing.classes
+    default_zero, overhead_zero = zero_sandbox_classes(sizing)
+    lists: dict[str, Sequence[object]] = {
+        "classNames": [c.name for c in classes],
+        "runtimeClasses": [c.runtime_class for c in classes],
+        "classCpu": [envelope_millis(c) for c in classes],
+        "classMemory": [envelope_bytes(c) for c in classes],
+        "classEnvelopes": [_envelope_text(c) for c in classes],
+        "defaultZero": ["true" if z else "false" for z in default_zero],
+        "overheadZero": ["true" if z else "false" for z in overhead_zero],
+    }
+    data = {key: _PARAM_LISTS[key][1].join(str(v) for v in values) for key, values in lists.items()}
+    data.update({
+        "policy": sizing.policy.name,
+        "largestText": _largest_text(sizing),
+        "sandboxZeroMessage": sandbox_zero_message(sizing.hypervisor),
+    })
+    return dict(sorted(data.items()))
+
+
+def cel_variables() -> list[dict]:
+    """The shared VAP/MAP `variables`: the pod's effective limits and, from the binding's
+    parameters, the policy's classes."""
     variables = [
         ("podLimits", "has(object.spec.resources) && has(object.spec.resources.limits) ? "
                       "object.spec.resources.limits : {}"),
@@ -576,25 +614,21 @@ def cel_variables(sizing: PolicySizing) -> list[dict]:
          "!('memory' in variables.podLimits && quantity(variables.podLimits['memory']).isGreaterThan(quantity('0'))) && "
          "(variables.containerLimits.exists(l, !('memory' in l && quantity(l['memory']).isGreaterThan(quantity('0')))) || "
          "variables.initLimits.exists(l, !('memory' in l && quantity(l['memory']).isGreaterThan(quantity('0')))))"),
-        ("classNames", _cel_list([c.name for c in classes])),
-        ("runtimeClasses", _cel_list([c.runtime_class for c in classes])),
-        ("classCpu", _cel_list([envelope_millis(c) for c in classes])),
-        ("classMemory", _cel_list([envelope_bytes(c) for c in classes])),
-        ("classEnvelopes", _cel_list([_envelope_text(c) for c in classes])),
+        *((name, expression) for name, (expression, _) in _PARAM_LISTS.items()),
         ("fits", "lists.range(size(variables.classCpu)).filter(i, variables.cpu <= variables.classCpu[i] && "
                  "variables.memory <= variables.classMemory[i])"),
         ("own", "has(object.spec.runtimeClassName) ? "
                 "variables.runtimeClasses.indexOf(object.spec.runtimeClassName) : -1"),
         # namespaceObject is null in matchConditions (the API server passes no namespace to
         # them), so the namespace label is read here, in a variable.
-        ("optedIn", _cel_opted_in(sizing.policy.name)),
+        ("optedIn", _cel_opted_in()),
         ("who", "'pod ' + request.namespace + '/' + (has(object.metadata.name) ? object.metadata.name : "
                 "(has(object.metadata.generateName) ? object.metadata.generateName : ''))"),
         ("figures", f"'limits cpu ' + ({_CEL_CPU_TEXT}) + ', memory ' + ({_CEL_MEMORY_TEXT})"),
-        ("largestText", _cel_string(_largest_text(sizing))),
+        ("largestText", "params.data['largestText']"),
         ("fitText",
          "size(variables.fits) > 0 ? 'the smallest class that fits is ' + variables.runtimeClasses[variables.fits[0]] : "
-         + _cel_string(f"no class of policy {sizing.policy.name} fits (") + " + variables.largestText + ')'"),
+         "'no class of policy ' + params.data['policy'] + ' fits (' + variables.largestText + ')'"),
     ]
     return [{"name": name, "expression": expression} for name, expression in variables]
 
@@ -603,19 +637,19 @@ def _cel_in_class() -> str:
     return "variables.own >= 0"
 
 
-def _cel_opted_in(policy_name: str) -> str:
+def _cel_opted_in() -> str:
     label = _cel_string(POLICY_LABEL)
-    value = _cel_string(policy_name)
+    value = "params.data['policy']"
     return (f"(has(object.metadata.labels) && {label} in object.metadata.labels && "
             f"object.metadata.labels[{label}] == {value}) || "
             f"(namespaceObject != null && has(namespaceObject.metadata.labels) && "
             f"{label} in namespaceObject.metadata.labels && namespaceObject.metadata.labels[{label}] == {value})")
 
 
-def _match_condition_kata(sizing: PolicySizing) -> dict:
-    return {"name": "runs-in-a-class-of-this-policy",
-            "expression": f"has(object.spec.runtimeClassName) && object.spec.runtimeClassName in "
-                          f"{_cel_list([c.runtime_class for c in sizing.classes])}"}
+# A match condition may read the parameters (the API server passes them): a pod of another
+# policy's class is not matched by this policy's binding.
+_CEL_IN_CLASS_OF_PARAMS = ("has(object.spec.runtimeClassName) && "
+                           "object.spec.runtimeClassName in params.data['runtimeClasses'].split(',')")
 
 
 def _match_condition_without_class() -> dict:
@@ -645,16 +679,27 @@ def _match_resources(resource_rules: list[dict] | None = None, namespace_selecto
 
 
 def admission_names(policy_name: str) -> dict[str, str]:
+    """The names of a policy's bindings (one per shared policy, keyed as SHARED_NAMES)."""
     base = f"kata-sizing-{policy_name}"
     return {"memory": f"{base}-memory-limit", "envelope": f"{base}-envelope", "route": f"{base}-route"}
 
 
-def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
-    """The validations of each VAP; their messages are check_limits' messages, word for word."""
-    name = sizing.policy.name
+# The three admission policies every KataSizingPolicy shares (docs/admission.md): the CEL is the
+# same for all; each policy's bindings name its parameters.
+SHARED_NAMES = {"memory": "kata-sizing-memory-limit", "envelope": "kata-sizing-envelope", "route": "kata-sizing-route"}
+
+
+def params_name(policy_name: str) -> str:
+    """The policy's parameters ConfigMap, in spec.output.namespace beside its other ConfigMaps."""
+    return f"{policy_name}-admission"
+
+
+def validations() -> dict[str, list[dict]]:
+    """The validations of each shared VAP; their messages are check_limits' messages, word for word."""
     class_of = "variables.classNames[variables.own]"
     envelope_of = "variables.classEnvelopes[variables.own]"
     rc = "object.spec.runtimeClassName"
+    no_limits = "(!variables.cpuSet && !variables.memorySet)"
     return {
         "memory": [{
             "expression": "!variables.memoryMissing",
@@ -675,47 +720,34 @@ def validations(sizing: PolicySizing) -> dict[str, list[dict]]:
                     "of a VM that large; ' + variables.fitText"),
                 "reason": "Forbidden",
             },
-            *_cel_kata_refusal(sizing),
+            {
+                # A pod Kata would refuse to start (_kata_refusal): runtime-rs boots a 0 MiB sandbox
+                # on a class whose default_memory (no limits) or overhead_memory (limits under 1 MiB)
+                # is 0. Every flag is false for the other classes and for the Go runtime.
+                "expression": (f"!({_cel_in_class()}) || !({no_limits} ? variables.defaultZero[variables.own] : "
+                               f"(variables.overheadZero[variables.own] && variables.memory < {MIB}))"),
+                "messageExpression": (
+                    f"variables.who + ' on RuntimeClass ' + {rc} + ': Kata refuses to start it: ' + "
+                    f"params.data['sandboxZeroMessage'] + ' (class ' + {class_of} + ' ' + ({no_limits} ? "
+                    f"{_cel_string(_BOOTS_WITHOUT_LIMITS)} : {_cel_string(_BOOTS_WITH_LIMITS)}) + "
+                    "', which is 0; ' + variables.figures + ')'"),
+                "reason": "Forbidden",
+            },
             {
                 # Routing (the MutatingAdmissionPolicy, or the operator's webhook) ran before
                 # validation: an opted-in pod still without a class fits none, or was not routed.
                 "expression": "has(object.spec.runtimeClassName) || request.operation != 'CREATE' || "
                               "!variables.optedIn",
                 "messageExpression": (
-                    "variables.who + ' asks for a class of policy " + name + " (label " + POLICY_LABEL +
-                    ") and has no runtimeClassName: ' + (size(variables.fits) > 0 ? 'the smallest class that "
-                    "fits, ' + variables.runtimeClasses[variables.fits[0]] + ', was not set (is the routing "
-                    "installed?)' : variables.figures + ' fit no class (' + variables.largestText + ')')"),
+                    "variables.who + ' asks for a class of policy ' + params.data['policy'] + ' (label "
+                    + POLICY_LABEL + ") and has no runtimeClassName: ' + (size(variables.fits) > 0 ? 'the "
+                    "smallest class that fits, ' + variables.runtimeClasses[variables.fits[0]] + ', was not set "
+                    "(is the routing installed?)' : variables.figures + ' fit no class (' + variables.largestText "
+                    "+ ')')"),
                 "reason": "Forbidden",
             },
         ],
     }
-
-
-def _cel_kata_refusal(sizing: PolicySizing) -> list[dict]:
-    """The validation that refuses a pod Kata would refuse to start (_kata_refusal), for a policy
-    with a class of a zero sandbox; none otherwise, so other policies' CEL is unchanged."""
-    from .rules import sandbox_zero_message
-
-    default_zero, overhead_zero = zero_sandbox_classes(sizing)
-    if not (any(default_zero) or any(overhead_zero)):
-        return []
-    no_limits = "(!variables.cpuSet && !variables.memorySet)"
-    refused = (f"({no_limits} ? {_cel_bools(default_zero)}[variables.own] : "
-               f"({_cel_bools(overhead_zero)}[variables.own] && variables.memory < {MIB}))")
-    return [{
-        "expression": f"!({_cel_in_class()}) || !{refused}",
-        "messageExpression": (
-            "variables.who + ' on RuntimeClass ' + object.spec.runtimeClassName + ': Kata refuses to start it: ' + "
-            f"{_cel_string(sandbox_zero_message(sizing.hypervisor))} + ' (class ' + "
-            f"variables.classNames[variables.own] + ' ' + ({no_limits} ? {_cel_string(_BOOTS_WITHOUT_LIMITS)} : "
-            f"{_cel_string(_BOOTS_WITH_LIMITS)}) + ', which is 0; ' + variables.figures + ')'"),
-        "reason": "Forbidden",
-    }]
-
-
-def _cel_bools(values: Sequence[bool]) -> str:
-    return "[" + ", ".join("true" if v else "false" for v in values) + "]"
 
 
 _CEL_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'" + r'|"((?:[^"\\]|\\.)*)"', re.S)
@@ -746,41 +778,39 @@ def _selector_dict(selector: LabelSelector) -> dict:
     return selector.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
 
 
-def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
-    """(apiVersion, kind, name, spec) of each admission object of a policy, in apply order."""
-    policy = sizing.policy
-    admission = policy.spec.admission
-    names = admission_names(policy.name)
+_PARAM_KIND = {"apiVersion": "v1", "kind": "ConfigMap"}
+
+
+def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, dict]]:
+    """(apiVersion, kind, name, spec) of the shared admission policies: the two
+    ValidatingAdmissionPolicies (one per rule: a binding's action applies to every validation of
+    its policy) and, unless routing is Webhook, the MutatingAdmissionPolicy that routes. The same
+    for every KataSizingPolicy; nothing in them is a policy's figure."""
     # Each expression converted once; the objects share them (render_admission copies).
-    variables = _requote(cel_variables(sizing))
-    checks = _requote(validations(sizing))
-    selector = _selector_dict(namespace_selector(policy))
-    match_resources = {"matchResources": _match_resources(namespace_selector=selector)} if selector else {}
-    kata = _requote(_match_condition_kata(sizing))
-    without_class = _requote(_match_condition_without_class())
-    objects = []
-    for key, action, conditions in (
-        ("memory", admission.memory_limit_missing, [kata]),
-        ("envelope", admission.envelope_exceeded, [{
-            "name": "runs-in-a-class-of-this-policy-or-has-none",
-            "expression": f"!has(object.spec.runtimeClassName) || ({kata['expression']})"}]),
+    variables = _requote(cel_variables())
+    checks = _requote(validations())
+    in_class = _double_quoted(_CEL_IN_CLASS_OF_PARAMS)
+    specs = []
+    for key, conditions in (
+        ("memory", [{"name": "runs-in-a-class-of-this-policy", "expression": in_class}]),
+        ("envelope", [{"name": "runs-in-a-class-of-this-policy-or-has-none",
+                       "expression": f"!has(object.spec.runtimeClassName) || ({in_class})"}]),
     ):
-        objects.append((ADMISSION_API_VERSION, "ValidatingAdmissionPolicy", names[key], {
+        specs.append((ADMISSION_API_VERSION, "ValidatingAdmissionPolicy", SHARED_NAMES[key], {
             # A CEL error refuses the pod under Deny and warns under Warn: never a silent pass.
             "failurePolicy": "Fail",
+            "paramKind": dict(_PARAM_KIND),
             "matchConstraints": _match_resources(_POD_RULES),
             "matchConditions": conditions,
             "variables": variables,
             "validations": checks[key],
         }))
-        objects.append((ADMISSION_API_VERSION, "ValidatingAdmissionPolicyBinding", names[key], {
-            "policyName": names[key], "validationActions": [action], **match_resources,
-        }))
-    if admission.routing != "Webhook":
-        objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicy", names["route"], {
+    if routing != "Webhook":
+        specs.append((MUTATING_API_VERSION, "MutatingAdmissionPolicy", SHARED_NAMES["route"], {
             "failurePolicy": "Fail",
+            "paramKind": dict(_PARAM_KIND),
             "matchConstraints": _match_resources([_POD_RULES[0]]),
-            "matchConditions": [without_class],
+            "matchConditions": [_requote(_match_condition_without_class())],
             "variables": variables,
             "mutations": [{
                 "patchType": "ApplyConfiguration",
@@ -792,7 +822,29 @@ def admission_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
             # the RuntimeClass plugin sets overhead and scheduling for the routed class.
             "reinvocationPolicy": "Never",
         }))
-        objects.append((MUTATING_API_VERSION, "MutatingAdmissionPolicyBinding", names["route"], {
-            "policyName": names["route"], **match_resources,
+    return specs
+
+
+def binding_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
+    """(apiVersion, kind, name, spec) of a policy's bindings of the shared policies: its rule
+    actions, its namespaces, and its parameters (`params_name`, in spec.output.namespace). A
+    missing parameters ConfigMap denies the pods the binding matches, never lets them pass."""
+    policy = sizing.policy
+    admission = policy.spec.admission
+    names = admission_names(policy.name)
+    selector = _selector_dict(namespace_selector(policy))
+    match_resources = {"matchResources": _match_resources(namespace_selector=selector)} if selector else {}
+    param_ref = {"name": params_name(policy.name), "namespace": policy.spec.output.namespace,
+                 "parameterNotFoundAction": "Deny"}
+    specs = [
+        (ADMISSION_API_VERSION, "ValidatingAdmissionPolicyBinding", names[key], {
+            "policyName": SHARED_NAMES[key], "paramRef": dict(param_ref), "validationActions": [action],
+            **match_resources,
+        })
+        for key, action in (("memory", admission.memory_limit_missing), ("envelope", admission.envelope_exceeded))
+    ]
+    if admission.routing != "Webhook":
+        specs.append((MUTATING_API_VERSION, "MutatingAdmissionPolicyBinding", names["route"], {
+            "policyName": SHARED_NAMES["route"], "paramRef": dict(param_ref), **match_resources,
         }))
-    return objects
+    return specs

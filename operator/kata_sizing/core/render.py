@@ -27,6 +27,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kata-sizing"
 POLICY_LABEL = "katasizing.dev/policy"
 CLASS_LABEL = "katasizing.dev/class"
+# On the admission policies every KataSizingPolicy shares (podfit.shared_admission_specs).
+SHARED_LABEL = "katasizing.dev/shared"
+SHARED_ADMISSION = "admission"
 # Flux's helm-controller re-runs a HelmRelease as soon as a ConfigMap it reads with valuesFrom
 # changes, if that ConfigMap carries this label (otherwise only at the release's interval).
 FLUX_WATCH_LABEL = "reconcile.fluxcd.io/watch"
@@ -70,7 +73,7 @@ class Rendered:
     values: dict = field(default_factory=dict)
     guidance: list[NodeGroupGuidance] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    # ValidatingAdmissionPolicies, the MutatingAdmissionPolicy and their bindings (podfit.py).
+    # The shared admission policies, the policy's parameters ConfigMap and bindings (podfit.py).
     admission: list[dict] = field(default_factory=list)
 
     @property
@@ -220,25 +223,34 @@ def render_policy(
 
 
 def render_admission(sizing: PolicySizing) -> list[dict]:
-    """The admission objects of a policy (docs/admission.md), each policy before its binding:
-    the two ValidatingAdmissionPolicies (one per rule, since a binding's action applies to
-    every validation of its policy) and, unless spec.admission.routing is Webhook, the
-    MutatingAdmissionPolicy that routes opted-in pods. Same labels and ownerReference as the
-    RuntimeClasses."""
+    """The admission objects of a policy (docs/admission.md), in apply order: the shared
+    admission policies (two ValidatingAdmissionPolicies, one per rule, since a binding's action
+    applies to every validation of its policy, and unless spec.admission.routing is Webhook the
+    MutatingAdmissionPolicy that routes opted-in pods), the same for every policy and owned by
+    none; then the policy's parameters ConfigMap and its bindings, with the labels and
+    ownerReference of its RuntimeClasses. The parameters come before the bindings that name them."""
     policy = sizing.policy
     if not policy.spec.admission.enabled or not sizing.classes:
         return []
     labels = policy_labels(policy)
     owners = owner_reference(policy)
-    objects = []
-    for api_version, kind, name, spec in podfit.admission_specs(sizing):
+    objects = [shared_admission_object(*spec) for spec in podfit.shared_admission_specs(policy.spec.admission.routing)]
+    objects.append(configmap(policy, podfit.params_name(policy.name), podfit.params_data(sizing)))
+    for api_version, kind, name, spec in podfit.binding_specs(sizing):
         metadata: dict = {"name": name, "labels": dict(labels)}
         if owners:
             metadata["ownerReferences"] = [dict(o) for o in owners]
-        # A copy: the objects share their CEL variables.
-        objects.append({"apiVersion": api_version, "kind": kind, "metadata": metadata,
-                        "spec": json.loads(json.dumps(spec))})
+        objects.append({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
     return objects
+
+
+def shared_admission_object(api_version: str, kind: str, name: str, spec: dict) -> dict:
+    """A shared admission policy as an object: labelled as kata-sizing's and shared, owned by no
+    policy (deleting one policy must not delete what the others' bindings use)."""
+    # A copy: the objects share their CEL variables.
+    return {"apiVersion": api_version, "kind": kind,
+            "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY, SHARED_LABEL: SHARED_ADMISSION}},
+            "spec": json.loads(json.dumps(spec))}
 
 
 def guidance_document(group: NodeGroupGuidance) -> dict:
