@@ -97,6 +97,16 @@ def _path(obj: dict, named: bool) -> str:
     return KubeApi.path(kind, meta.get("namespace"), meta["name"] if named else None)
 
 
+def _after(obj: dict) -> list[str]:
+    """The objects (by path) a write must follow, as the operator orders them (plan.binding_refs):
+    the API server refuses a binding whose admission policy it cannot find yet."""
+    from kata_sizing.controller.kinds import KINDS
+    from kata_sizing.controller.kube import KubeApi
+    from kata_sizing.controller.plan import binding_refs
+
+    return [KubeApi.path(KINDS[kind], namespace, name) for kind, namespace, name in binding_refs(obj) if kind]
+
+
 def _audit_key(obj: dict) -> Key:
     from kata_sizing.controller.kinds import KINDS
 
@@ -112,8 +122,8 @@ def batch(policy: str, creates: Iterable[dict], replaces: Iterable[dict], status
     from kata_sizing.controller.kube import KubeApi
     from kata_sizing.core.model import KIND
 
-    writes = [["POST", _path(o, False), o] for o in creates]
-    writes += [["PUT", _path(o, True), o] for o in replaces]
+    writes = [["POST", _path(o, False), o, _path(o, True), _after(o)] for o in creates]
+    writes += [["PUT", _path(o, True), o, _path(o, True), _after(o)] for o in replaces]
     return {"policy": policy, "writes": writes, "status": status,
             "status_path": KubeApi.path(KINDS[KIND], None, policy, "status")}
 
@@ -121,7 +131,7 @@ def batch(policy: str, creates: Iterable[dict], replaces: Iterable[dict], status
 def expected_keys(batches: list[dict]) -> set[Key]:
     keys = {_status_key(b["policy"]) for b in batches}
     for b in batches:
-        keys |= {_audit_key(body) for _, _, body in b["writes"]}
+        keys |= {_audit_key(write[2]) for write in b["writes"]}
     return keys
 
 
@@ -233,7 +243,7 @@ def wait_written(cp: ControlPlane, since: int, keys: set[Key], timeout: float, i
 
 def expected_paths(batches: list[dict]) -> dict[Key, str]:
     """The path of each object `batches` create or replace, by its key."""
-    return {_audit_key(body): _path(body, True) for b in batches for _, _, body in b["writes"]}
+    return {_audit_key(body): _path(body, True) for b in batches for _, _, body, *_ in b["writes"]}
 
 
 # --- the cluster between runs ------------------------------------------------------------------

@@ -67,15 +67,26 @@ class PlainClient:
         async with self.session.get(self.server + path) as response:
             return json.loads(await response.read())["metadata"]["resourceVersion"]
 
-    async def write_policy(self, batch: dict) -> None:
-        """One policy: its object writes all at once ([method, path, body]: POST a new object, PUT
-        a changed one without resourceVersion, an unconditional update), then its status, as the
-        operator writes status only after the objects."""
-        await asyncio.gather(*(self._send(method, path, body) for method, path, body in batch["writes"]))
+    async def write_policy(self, batch: dict, written: dict[str, asyncio.Event]) -> None:
+        """One policy: its object writes all at once ([method, path, body, the object's path, the
+        paths of the objects of this run it must follow]: POST a new object, PUT a changed one),
+        then its status, as the operator writes status only after the objects. A binding follows
+        its admission policy and parameters: the API server refuses it before its policy exists."""
+        async def send(method: str, path: str, body: object, own: str, after: list[str]) -> None:
+            try:
+                for other in after:
+                    if other in written:
+                        await written[other].wait()
+                await self._send(method, path, body)
+            finally:
+                written[own].set()
+
+        await asyncio.gather(*(send(*write) for write in batch["writes"]))
         await self._send("PATCH", batch["status_path"], {"status": batch["status"]}, "application/merge-patch+json")
 
     async def write(self, batches: list[dict]) -> None:
-        await asyncio.gather(*(self.write_policy(b) for b in batches))
+        written = {write[3]: asyncio.Event() for b in batches for write in b["writes"]}
+        await asyncio.gather(*(self.write_policy(b, written) for b in batches))
 
 
 async def _main(kubeconfig: Path, batches: list[dict], connections: int) -> None:
@@ -85,7 +96,8 @@ async def _main(kubeconfig: Path, batches: list[dict], connections: int) -> None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("batches", type=Path, help="JSON: [{writes: [[method, path, body]], status_path, status}]")
+    parser.add_argument("batches", type=Path,
+                        help="JSON: [{writes: [[method, path, body, own path, [paths after]]], status_path, status}]")
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--connections", type=int, required=True)
     args = parser.parse_args(argv)

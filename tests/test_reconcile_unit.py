@@ -24,6 +24,7 @@ from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
 from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, TransientApiError
 from kata_sizing.controller.plan import build_desired
 from kata_sizing.controller.state import DesiredCache, OperatorState
+from kata_sizing.core import podfit
 from kata_sizing.core.model import KIND, parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from kata_sizing.core.sizing import size_policy
@@ -560,6 +561,64 @@ def test_creating_a_policy_reads_none_of_its_objects():
     run(pass_of(make_state(api), "apply"))
     assert [c for c in api.calls if c[0] == "read"] == []
     assert len(api.written("create", "ConfigMap")) == 4  # values, drop-ins, guidance, admission parameters
+
+
+def test_a_binding_is_created_after_its_admission_policy_and_its_parameters(monkeypatch):
+    # The API server refuses a binding with a paramRef whose policy it cannot find (422), and a
+    # binding whose parameters do not exist denies every pod of the policy's classes. With a
+    # slot for every write, nothing but that order keeps a binding back.
+    from kata_sizing.controller import execute
+
+    monkeypatch.setattr(execute, "WRITES_PER_PASS", 64)
+    api = FakeApi(policy=policy_body(), allow=ALL_WRITES)
+    original, events = api.create, []
+
+    async def create(body):  # every create takes a while: the order is what the executor waits for
+        events.append(("start", obj_key(body)))
+        await asyncio.sleep(0.02)
+        created = await original(body)
+        events.append(("end", obj_key(body)))
+        return created
+
+    api.create = create
+    run(pass_of(make_state(api), "apply"))
+    bindings = [k for what, k in events if what == "start" and k[0].endswith("Binding")]
+    assert len(bindings) == 3
+    for binding in bindings:
+        body = api.objects[binding]
+        policy = (binding[0].removesuffix("Binding"), None, body["spec"]["policyName"])
+        params = ("ConfigMap", body["spec"]["paramRef"]["namespace"], body["spec"]["paramRef"]["name"])
+        started = events.index(("start", binding))
+        assert events.index(("end", policy)) < started and events.index(("end", params)) < started, events
+
+
+def test_passes_of_two_policies_at_once_create_each_shared_admission_policy_once():
+    # A cold start runs every policy's pass at once, and each finds the shared admission policies
+    # missing: one create serves them all, not one create and a 409 and a read per policy.
+    api = FakeApi(policy=policy_body(), allow=ALL_WRITES)
+    other = example()
+    other["metadata"].update(name="other", uid="0b7d6a51-3c1f-4e8e-a3a5-2f1d9c0e7b12", generation=1)
+    api._store(api._stamped({**other, "kind": KIND}))
+    original = api.create
+
+    async def create(body):
+        await asyncio.sleep(0.02)
+        return await original(body)
+
+    api.create = create
+    state = make_state(api)
+
+    async def both():
+        await asyncio.gather(rc.run_pass(state, api.policy, "apply", Sink()),
+                             rc.run_pass(state, copy.deepcopy(api.objects[policy_key("other")]), "apply",
+                                         lambda ref, type_, reason, message: None))
+
+    run(both())
+    shared = [c[1] for c in api.written("create") if c[1][2] in podfit.SHARED_NAMES.values() and c[1][1] is None]
+    assert sorted(shared) == sorted(set(shared)) and len(shared) == 3, shared
+    assert [c for c in api.calls if c[0] == "read"] == []
+    bindings = [k for k in api.objects if k[0].endswith("PolicyBinding")]
+    assert len(bindings) == 6  # three of each policy
 
 
 def test_a_config_map_of_somebody_else_is_found_by_the_create_and_then_read_until_the_name_is_free():

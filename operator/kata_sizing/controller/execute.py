@@ -80,9 +80,9 @@ async def execute(
 
     async def bounded(action: Action) -> None:
         try:
-            # A write waits for those of this pass it needs (Action.needs); when one did not land,
-            # it is not made (a failed write is retried, and it with it).
-            for key in action.needs:
+            # A write waits for those of this pass it comes after (Action.after); when one it needs
+            # did not land, it is not made (a failed write is retried, and it with it).
+            for key in action.after:
                 if key in finished and key != action.key:
                     await finished[key].wait()
             unmet = [k for k in action.needs if outcome.results.get(k, Result(DONE)).status not in (DONE, UNCHANGED)]
@@ -101,7 +101,7 @@ async def execute(
 
     # Deletions last: a renamed class's new RuntimeClass exists before the old one goes. What
     # others need is started first (the slots are taken in the order asked for).
-    needed = {key for a in writes.values() for key in a.needs}
+    needed = {key for a in writes.values() for key in a.after}
     for verbs in ((Verb.CREATE, Verb.REPLACE, Verb.RECREATE), (Verb.DELETE,)):
         if outcome.error is not None:
             break

@@ -64,9 +64,12 @@ class Action:
     # it is a drift correction, a report of it a drift detection.
     drift: bool = False
     trigger: Trigger = Trigger.APPLY
-    # Objects that must exist before this write, when the same pass writes them too: a binding
-    # needs the parameters it names (one whose parameters do not exist denies every pod it
-    # matches). Its admission policy it does not: the server ignores a binding of a missing policy.
+    # Writes of the same pass this one waits for: a binding's admission policy (the API server
+    # refuses a binding with a paramRef whose policy it cannot find, 422) and its parameters.
+    after: tuple[ObjKey, ...] = ()
+    # Of those, what must have landed for this write to be made: the parameters (a binding whose
+    # parameters do not exist denies every pod it matches). A refused policy is no reason to hold
+    # the binding back: the server says why it refuses that too.
     needs: tuple[ObjKey, ...] = ()
 
     @property
@@ -74,12 +77,15 @@ class Action:
         return self.verb in WRITES
 
 
-def needs_of(want: dict | None) -> tuple[ObjKey, ...]:
-    """What must exist before the object is written: a binding's parameters ConfigMap."""
-    if not ((want or {}).get("kind") or "").endswith("PolicyBinding"):
-        return ()
-    ref = (want.get("spec") or {}).get("paramRef") or {}
-    return (("ConfigMap", ref.get("namespace"), ref["name"]),) if ref.get("name") else ()
+def binding_refs(want: dict | None) -> tuple[ObjKey | None, ObjKey | None]:
+    """(the admission policy, the parameters ConfigMap) a binding names; (None, None) otherwise."""
+    kind = (want or {}).get("kind") or ""
+    if not kind.endswith("PolicyBinding"):
+        return None, None
+    spec = want.get("spec") or {}
+    ref = spec.get("paramRef") or {}
+    policy = (kind.removesuffix("Binding"), None, spec["policyName"]) if spec.get("policyName") else None
+    return policy, (("ConfigMap", ref.get("namespace"), ref["name"]) if ref.get("name") else None)
 
 
 def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_policy: str, trigger: Trigger) -> Action:
@@ -323,8 +329,10 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
         action = decide(want, have, ownership, desired.drift_policy, trigger)
         if ownership is Ownership.FOREIGN and role is Ownership.GUARDED:
             action = replace(action, guarded=True)  # the chart's object, without our labels
-        if action.writes and needs_of(want):
-            action = replace(action, needs=needs_of(want))
+        policy, params = binding_refs(want)
+        if action.writes and (policy or params):
+            action = replace(action, after=tuple(k for k in (policy, params) if k),
+                             needs=(params,) if params else ())
         actions.append(action)
     guidance_name = configmap_names(desired.policy_name)["guidance"]
     for key, have in live_of_policy.items():
