@@ -104,7 +104,7 @@ def _after(obj: dict) -> list[str]:
     from kata_sizing.controller.kube import KubeApi
     from kata_sizing.controller.plan import binding_refs
 
-    return [KubeApi.path(KINDS[kind], namespace, name) for kind, namespace, name in binding_refs(obj) if kind]
+    return [KubeApi.path(KINDS[ref[0]], ref[1], ref[2]) for ref in binding_refs(obj) if ref is not None]
 
 
 def _audit_key(obj: dict) -> Key:
