@@ -45,3 +45,46 @@ def test_outside_a_pod_there_is_no_service_account_login(monkeypatch: pytest.Mon
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     assert handlers.login_in_cluster(settings=kopf.OperatorSettings()) is None
+
+
+# --- the client's proxy, looked up once -------------------------------------------------------
+
+
+def _connected_session(monkeypatch: pytest.MonkeyPatch, tmp_path, **env: str):
+    """The aiohttp session KubeApi.connect builds for a kubeconfig naming https://10.0.0.1:6443."""
+    import asyncio
+
+    from kata_sizing.controller import kube
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://10.0.0.1:6443', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n")
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    async def connect():
+        api = await kube.KubeApi.connect()
+        session = api.api_client.rest_client._create_pool_manager()  # as its first request makes it
+        try:
+            return session.trust_env, api.configuration.proxy
+        finally:
+            await session.close()
+            await api.close()
+
+    return asyncio.run(connect())
+
+
+def test_the_api_servers_proxy_comes_from_the_environment_once_not_on_every_request(monkeypatch, tmp_path):
+    # trust_env makes aiohttp read ~/.netrc and the proxy variables in a thread on every request.
+    assert _connected_session(monkeypatch, tmp_path) == (False, None)
+    assert _connected_session(monkeypatch, tmp_path, HTTPS_PROXY="http://proxy.example:3128") == (
+        False, "http://proxy.example:3128")
+    # NO_PROXY naming the API server: direct, as kubectl goes.
+    assert _connected_session(monkeypatch, tmp_path, HTTPS_PROXY="http://proxy.example:3128",
+                              NO_PROXY="10.0.0.1") == (False, None)

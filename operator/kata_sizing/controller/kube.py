@@ -78,6 +78,28 @@ def _translate(exc: BaseException, what: str) -> ApiError:
 _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
+def _proxy_looked_up_once(configuration: client.Configuration) -> None:
+    """The client's session trusts the environment (HTTP(S)_PROXY, NO_PROXY, ~/.netrc), which
+    aiohttp then looks up on every request, reading ~/.netrc twice in a thread of its executor:
+    a seventh of the operator's CPU in a cold start of 50 policies (py-spy, docs/performance.md).
+    The API server's address does not change, so its proxy is looked up here, once, as kubectl
+    honours it (HTTPS_PROXY unless NO_PROXY names the host), and the session does not look again."""
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    extra = dict(getattr(configuration, "client_session_kwargs", None) or {})
+    configuration.client_session_kwargs = {**extra, "trust_env": False}
+    if configuration.proxy:
+        return
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(configuration.host))
+    except LookupError:
+        return  # no proxy for this host
+    configuration.proxy = str(proxy)
+    if auth is not None:
+        configuration.proxy_headers = {"Proxy-Authorization": auth.encode()}
+
+
 @dataclass
 class KubeApi:
     api_client: client.ApiClient
@@ -102,6 +124,7 @@ class KubeApi:
             await config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
             )
+        _proxy_looked_up_once(configuration)
         return cls(client.ApiClient(configuration), configuration=configuration)
 
     async def close(self) -> None:
