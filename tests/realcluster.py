@@ -242,14 +242,20 @@ class ControlPlane:
             return 0
 
     def audit_entries(self, since: int = 0) -> list[dict]:
-        """The audit log's entries from byte `since` on (`audit_offset()` marks a point)."""
+        """The audit log's entries from byte `since` on (`audit_offset()` marks a point). The API
+        server may be writing a line as it is read: a line not yet ended is left for the next
+        read, and one that `since` cut (the mark was taken mid-write) belongs before it."""
         try:
             with self.audit_path.open("rb") as f:
-                f.seek(since)
+                cut = False
+                if since > 0:
+                    f.seek(since - 1)
+                    cut = f.read(1) != b"\n"
                 raw = f.read()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in raw.splitlines()]
+        lines = raw.split(b"\n")[:-1]  # the last piece is not ended (or empty)
+        return [json.loads(line) for line in lines[1 if cut else 0:] if line]
 
     def operator_requests(self, since: int = 0, user: str = OPERATOR_USER) -> list[AuditEvent]:
         """Every completed request made with the operator's identity (or `user`, another
