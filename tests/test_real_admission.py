@@ -245,6 +245,7 @@ def test_each_rule_with_each_action_as_kubectl_shows_it(fit_cluster, rule, actio
             seen = {v[1] for v in verdicts(proc).get(pod["metadata"]["name"], set())}
             return seen == ({action} if action != "Audit" else set())
         poll(shows, 20, f"{rule} acts as {action}")
+        mark = cp.audit_offset()
         proc = cp.kubectl("create", "-f", "-", input=yaml.safe_dump(pod), check=False)
         if action == "Deny":
             assert proc.returncode != 0 and message in proc.stderr
@@ -257,8 +258,7 @@ def test_each_rule_with_each_action_as_kubectl_shows_it(fit_cluster, rule, actio
             if action == "Audit":
                 # The API server's audit log carries the failure as an annotation of the request.
                 def audited() -> bool:
-                    for line in cp.audit_path.read_text().splitlines()[-2000:]:
-                        entry = json.loads(line)
+                    for entry in cp.audit_entries(mark):
                         ref = entry.get("objectRef") or {}
                         if ref.get("name") == pod["metadata"]["name"] and entry.get("verb") == "create":
                             notes = entry.get("annotations") or {}
