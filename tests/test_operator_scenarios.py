@@ -178,8 +178,10 @@ def test_adding_and_removing_a_class_creates_and_deletes_its_runtime_class(clust
         ("DELETE", "kata-qemu-rs-s"), ("POST", "kata-qemu-rs-xl")]
     assert set(config_maps(emu)[f"{NAME}-dropins"]["data"]) == {"m.toml", "l.toml", "xl.toml"}
     assert [c["name"] for c in status(emu, NAME)["classes"]] == ["m", "l", "xl"]
-    [message] = event_messages(emu, cond.EVENT_APPLIED)[-1:]
-    assert "deleted RuntimeClass kata-qemu-rs-s" in message and "created RuntimeClass kata-qemu-rs-xl" in message
+    # The event is posted by kopf's poster, after the status write.
+    message = wait_for(lambda: next((m for m in event_messages(emu, cond.EVENT_APPLIED)
+                                     if "deleted RuntimeClass kata-qemu-rs-s" in m), None), DRIFT_TIMEOUT_S)
+    assert "created RuntimeClass kata-qemu-rs-xl" in message
 
 
 # --- 4. prefix rename and handler changes ----------------------------------------------------
@@ -280,7 +282,8 @@ def test_a_hand_edit_is_put_back_with_an_event_and_a_count(cluster, resource, na
     wait_for(restored, DRIFT_TIMEOUT_S, lambda: repr(emu.objects(resource).get(name, namespace)))
     wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, DRIFT_TIMEOUT_S,
              lambda: repr(status(emu, NAME)))
-    [message] = event_messages(emu, cond.EVENT_DRIFT_CORRECTED, "Normal")
+    # The event is posted by kopf's poster, after the status write.
+    [message] = wait_for(lambda: event_messages(emu, cond.EVENT_DRIFT_CORRECTED, "Normal"), DRIFT_TIMEOUT_S)
     assert name in message
     settle(emu)
     # One PUT put it back (the hand edit itself is not in the log: it bypassed HTTP).
@@ -315,7 +318,8 @@ def test_a_deleted_managed_object_is_recreated(cluster, resource, name):
     assert again["metadata"]["labels"] == original["metadata"]["labels"]
     assert again["metadata"]["ownerReferences"] == original["metadata"]["ownerReferences"]
     wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, DRIFT_TIMEOUT_S)
-    assert any(name in m for m in event_messages(emu, cond.EVENT_DRIFT_CORRECTED))
+    # The event is posted by kopf's poster, after the status write.
+    wait_for(lambda: any(name in m for m in event_messages(emu, cond.EVENT_DRIFT_CORRECTED)), DRIFT_TIMEOUT_S)
 
 
 # --- 7. Report mode --------------------------------------------------------------------------
@@ -454,7 +458,7 @@ def test_an_invalid_update_leaves_the_last_valid_objects_exactly_as_they_were(cl
     for fragment in expected:
         assert fragment in valid["message"], (fragment, valid["message"])
     assert condition(emu, NAME, "InSync")["reason"] == cond.REASON_NOT_APPLIED
-    [warning] = event_messages(emu, cond.EVENT_INVALID, "Warning")
+    [warning] = wait_for(lambda: event_messages(emu, cond.EVENT_INVALID, "Warning"), DRIFT_TIMEOUT_S)
     for fragment in expected:
         assert fragment in warning
     assert snapshot(emu) == before

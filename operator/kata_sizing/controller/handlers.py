@@ -246,6 +246,20 @@ def _measured(state: OperatorState, name: str) -> int | None:
     return state.measurement.version(name) if state.measurement is not None else None
 
 
+def _measurement_as_written(state: OperatorState, name: str) -> bool:
+    """The measurement's version moved (it does once per interval, measured or not), but the
+    status it gives is the one this replica last wrote: a pass would write nothing. Without this,
+    every policy ran a whole pass once per interval: 200 policies' passes in a burst after a
+    cold start, with nothing to write (docs/performance.md)."""
+    if state.measurement is None:
+        return True
+    report = state.measurement.report(name)
+    if report is None:
+        return True  # no node read yet: the status keeps what it says
+    written = state.written_status.get(name)
+    return written is not None and (written.get("measurement") or {}) == report
+
+
 async def _reconcile(state: OperatorState, body: kopf.Body, trigger: str, retry: int,
                      facts: tuple | None = None, reread_survey: bool = True) -> None:
     try:
@@ -288,14 +302,16 @@ async def refresh_guidance(body: kopf.Body, memo: kopf.Memo, retry: int, **_) ->
         return
     inputs, facts, findings, pods, measured = state.last_pass[name]
     now_inputs = gather.inputs(state)
-    if inputs == now_inputs and measured == _measured(state, name):
+    same_measurement = measured == _measured(state, name) or _measurement_as_written(state, name)
+    if inputs == now_inputs and same_measurement:
+        state.last_pass[name] = (inputs, facts, findings, pods, _measured(state, name))
         return
     plain = _plain(body)
     fresh = await gather.node_facts(state, plain)
     fresh_findings = gather.unmanaged_audit(state)
     fresh_pods = gather.pod_findings(state, plain)
-    if fresh == facts and fresh_findings == findings and fresh_pods == pods and measured == _measured(state, name):
-        state.last_pass[name] = (now_inputs, facts, findings, pods, measured)
+    if fresh == facts and fresh_findings == findings and fresh_pods == pods and same_measurement:
+        state.last_pass[name] = (now_inputs, facts, findings, pods, _measured(state, name))
         return
     await _reconcile(state, body, "resync", retry, facts=fresh, reread_survey=False)
 
