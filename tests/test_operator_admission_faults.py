@@ -70,6 +70,8 @@ def test_a_lost_race_while_correcting_an_admission_binding_rereads_and_retries(c
     settle(emu)
     assert race.hits == 1
     assert [r.status for r in emu.requests("PUT", f"/validatingadmissionpolicybindings/{name}")] == [409, 200]
+    # The event is posted by kopf's poster, after the status write.
+    wait_for(lambda: event_messages(emu, cond.EVENT_DRIFT_CORRECTED), 5)
     assert len(event_messages(emu, cond.EVENT_DRIFT_CORRECTED)) == 1
 
 

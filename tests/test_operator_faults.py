@@ -60,6 +60,8 @@ def test_a_lost_race_while_correcting_drift_rereads_and_retries(cluster):
     puts = [(r.status) for r in emu.requests("PUT", f"/runtimeclasses/{name}")]
     assert puts == [409, 200]
     assert emu.requests("GET", f"^/apis/node.k8s.io/v1/runtimeclasses/{name}$"), "no re-read after the 409"
+    # The event is posted by kopf's poster, after the status write.
+    wait_for(lambda: event_messages(emu, cond.EVENT_DRIFT_CORRECTED), 5)
     assert len(event_messages(emu, cond.EVENT_DRIFT_CORRECTED)) == 1
 
 
@@ -143,6 +145,8 @@ def test_a_hand_edit_during_a_burst_of_server_errors_is_restored_soon_after_the_
     assert len(failed_puts) >= 3, "not retried while the burst lasted"
     # Backed off, not a tight loop: a few attempts a second at most.
     assert len(failed_puts) < 6 * BURST_S
+    # The event is posted by kopf's poster, after the status write.
+    wait_for(lambda: event_messages(emu, cond.EVENT_DRIFT_CORRECTED), 5)
     assert len(event_messages(emu, cond.EVENT_DRIFT_CORRECTED)) == 1
 
 

@@ -81,6 +81,8 @@ def test_one_replica_writes_while_the_other_waits_and_a_clean_stop_hands_over_at
         settle(emu)
         puts = [r for r in emu.write_requests(f"/runtimeclasses/{name}")]
         assert [(r.method, r.user_agent) for r in puts] == [("PUT", "kata-sizing/a")]
+        # The event is posted by kopf's poster, after the status write.
+        wait_for(lambda: event_messages(emu, cond.EVENT_DRIFT_CORRECTED), 5)
         assert len(event_messages(emu, cond.EVENT_DRIFT_CORRECTED)) == 1
 
         # A rolling update: the old leader stops cleanly and releases; the other takes over within

@@ -98,8 +98,10 @@ def fit_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
     # Not the kata-deploy values and drop-ins; the admission parameters the bindings name, yes.
     objects = [o for o in rendered_objects(tmp, POLICY_BODY)
                if o["kind"] != "ConfigMap" or o["metadata"]["name"] == podfit.params_name("fit")]
-    output = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": objects[-1]["spec"]["paramRef"]["namespace"]}}
-    cp.apply(output, *namespaces, *objects)
+    # The parameters' namespace, created if missing, never applied over: an apply would take the
+    # Pod Security labels off the operator's own namespace.
+    cp.kubectl("create", "namespace", objects[-1]["spec"]["paramRef"]["namespace"], check=False)
+    cp.apply(*namespaces, *objects)
     # The admission plugins learn of new policies through informers: wait until one refuses.
     probe = Case("probe", (limits("8", "1Gi"),), None, None).pod()
     poll(lambda: cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe),

@@ -169,6 +169,8 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     quiet(cp)
     assert cp.get(path_of(envelope))["metadata"]["labels"]["team"] == "platform"
     assert all_corrections(cp) == total
+    # The shared policy outlives this test: leave it as the operator wrote it.
+    cp.edit(path_of(envelope), lambda o: o["metadata"]["labels"].pop("team"))
 
 
 def _comparable(obj: dict) -> dict:
@@ -343,10 +345,18 @@ def test_an_operator_upgraded_from_per_policy_admission_policies_rebinds_and_del
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": "kata-sizing-upgraded-envelope", "labels": labels, "ownerReferences": owner},
         "spec": {"policyName": "kata-sizing-upgraded-envelope", "validationActions": ["Deny"]}})
+    cp.create(KINDS["MutatingAdmissionPolicy"], {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": "kata-sizing-upgraded-route", "labels": labels, "ownerReferences": owner},
+        "spec": {"failurePolicy": "Fail", "matchConstraints": old["spec"]["matchConstraints"],
+                 "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": "Object{}"}}],
+                 "reinvocationPolicy": "Never"}})
     real_operator.start()
     wait_observed(cp, "upgraded", Ready="True")
-    poll(lambda: cp.get(f"{KINDS['ValidatingAdmissionPolicy']}/kata-sizing-upgraded-envelope") is None, 20,
-         "the policy's own admission policy deleted")
+    for kind in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"):
+        name = "kata-sizing-upgraded-" + ("envelope" if kind.startswith("Validating") else "route")
+        poll(lambda kind=kind, name=name: cp.get(f"{KINDS[kind]}/{name}") is None, 20,
+             f"the policy's own {kind} deleted")
     binding = cp.get(f"{KINDS['ValidatingAdmissionPolicyBinding']}/kata-sizing-upgraded-envelope")
     assert binding["spec"]["policyName"] == "kata-sizing-envelope"
     assert binding["spec"]["paramRef"]["name"] == "upgraded-admission"

@@ -169,7 +169,7 @@ def test_create_writes_what_render_prints(control_plane, real_operator, tmp_path
         elif kind == "ConfigMap" and not name.endswith("node-guidance"):
             assert control_plane.get(cm_path(name))["data"] == obj["data"], name
     assert set(policy_configmaps(control_plane, "created")) == {
-        "created-kata-deploy-values", "created-dropins", "created-node-guidance"}
+        "created-kata-deploy-values", "created-dropins", "created-node-guidance", "created-admission"}
 
 
 def test_an_output_namespace_that_does_not_exist_yet_is_said_in_status_and_backed_off(control_plane, real_operator):
