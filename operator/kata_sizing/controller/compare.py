@@ -175,6 +175,12 @@ def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
     return body
 
 
+def is_shared(obj: dict | None) -> bool:
+    """One of the admission policies every policy binds: labelled so, and as kata-sizing's."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(SHARED_LABEL) == SHARED_ADMISSION and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
 def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
     """Labelled for this policy, or owned by it, or one of the admission policies every policy
     shares (labelled so, and as kata-sizing's). Otherwise the managed-by label is not looked at:
@@ -183,6 +189,6 @@ def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
     labels = meta.get("labels") or {}
     if labels.get(POLICY_LABEL) == policy_name:
         return True
-    if labels.get(SHARED_LABEL) == SHARED_ADMISSION and labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
+    if is_shared(live):
         return True
     return bool(policy_uid) and any(o.get("uid") == policy_uid for o in meta.get("ownerReferences") or [])

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .api_errors import Conflict, Invalid, NotFound
-from .compare import corrected, differences, is_ours
+from .compare import corrected, differences, is_ours, is_shared
 from .kinds import ObjKey, describe, is_admission_kind
 from .plan import Action, Verb
 from .retry import CONFLICT_ATTEMPTS
-from ..core.render import SHARED_LABEL
 
 # Writes one pass has in flight at once. More would shorten a single policy's creation a little
 # further, but at a cold start every policy's pass runs at once, and each waiting write holds its
@@ -75,8 +74,7 @@ async def execute(
     name, uid): an object found on a re-read that is not that policy's is never written."""
     outcome = Outcome(landed if landed is not None else [])
     slots = asyncio.Semaphore(WRITES_PER_PASS)
-    writes = {a.key: a for a in actions if a.writes}
-    finished = {key: asyncio.Event() for key in writes}
+    finished = {a.key: asyncio.Event() for a in actions if a.writes}
 
     async def bounded(action: Action) -> None:
         try:
@@ -101,7 +99,7 @@ async def execute(
 
     # Deletions last: a renamed class's new RuntimeClass exists before the old one goes. What
     # others need is started first (the slots are taken in the order asked for).
-    needed = {key for a in writes.values() for key in a.after}
+    needed = {key for a in actions if a.writes for key in a.after}
     for verbs in ((Verb.CREATE, Verb.REPLACE, Verb.RECREATE), (Verb.DELETE,)):
         if outcome.error is not None:
             break
@@ -139,21 +137,17 @@ def _landed(outcome: Outcome, key: ObjKey, text: str) -> None:
     outcome.results[key] = Result(DONE, text)
 
 
-# The creates of shared objects in flight (render.SHARED_LABEL: the admission policies every
+# The creates of shared objects in flight (compare.is_shared: the admission policies every
 # policy's pass wants), by client and key: at a cold start every policy's pass finds them missing,
 # and one create serves them all instead of one create and a 409 and a read per policy.
 _SHARED_CREATES: dict[tuple[int, ObjKey], asyncio.Future] = {}
-
-
-def _shared(want: dict | None) -> bool:
-    return ((want or {}).get("metadata") or {}).get("labels", {}).get(SHARED_LABEL) is not None
 
 
 async def _write(api, action: Action, live: dict | None, label: str, owner: tuple[str, str | None],
                  children: ChildCache | None, outcome: Outcome) -> None:
     """Make the object's decided fields `action.want`'s: create it, or put them onto `live`."""
     key, want = action.key, action.want
-    if live is None and _shared(want) and not action.guarded:
+    if live is None and is_shared(want) and not action.guarded:
         flight = (id(api), key)
         pending = _SHARED_CREATES.get(flight)
         if pending is not None:
