@@ -104,6 +104,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     policies = load_policies(args.policy)
     if args.proposal:
         return _render_proposal(policies, args)
+    if args.margin is not None or args.plot is not None:
+        raise InputError("--margin and --plot go with --proposal SURVEY.csv")
     nodes = None
     if args.node_capacity:
         from .core.guidance import NodeFacts
@@ -158,7 +160,7 @@ def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace)
         raise InputError("--proposal prints a diff of the values overlay; drop --values-only, --node-capacity and -o")
     policy = policies[0]
     try:
-        proposal = propose(policy, parse_samples_csv(read_text(args.proposal)))
+        proposal = propose(policy, parse_samples_csv(read_text(args.proposal)), margin=_margin(args))
     except CalibrationError as exc:
         _print_problems([f"{args.proposal}: {p}" for p in exc.problems])
         return EXIT_INVALID
@@ -172,20 +174,51 @@ def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace)
     print("# Set in the policy (spec.overhead):")
     for line in yamlout.dump(proposal.overhead).splitlines():
         print(f"#   {line}")
-    for note in proposal.notes:
-        print(f"# note: {note}")
-    for c in proposal.classes:
-        print(f"# class {c.name}: podFixed {c.pod_fixed_before['memory']} -> {c.pod_fixed['memory']}"
-              + (f" ({c.pods} measured pod(s), least headroom {_mib_text(c.min_headroom_bytes)})"
-                 if c.min_headroom_bytes is not None else ""))
+    for line in _proposal_lines(proposal):
+        print(f"# {line}")
     sys.stdout.writelines(difflib.unified_diff(
         now.values_yaml.splitlines(keepends=True), proposed.values_yaml.splitlines(keepends=True),
         fromfile=f"{name} (now)", tofile=f"{name} (proposed)"))
-    if proposal.uncovered:
-        _print_problems([f"class {c.name}: pod {c.min_headroom_pod} would not fit under its cgroup limit "
-                         f"({_mib_text(c.min_headroom_bytes)} headroom)" for c in proposal.uncovered])
-        return EXIT_INVALID
-    return EXIT_OK
+    _plot_if_asked(args, proposal.fit, proposal)
+    return _proposal_verdict(proposal)
+
+
+def _margin(args: argparse.Namespace) -> Decimal | None:
+    """--margin when given (checked as the policy's field is), else None: the policy's own."""
+    if args.margin is None:
+        return None
+    problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
+    if problem:
+        raise PolicyError([f"--margin: {problem}"])
+    return Decimal(args.margin)
+
+
+def _proposal_lines(proposal) -> list[str]:
+    """What a proposal says per class, one line each, for calibrate --policy and render --proposal."""
+    lines = [f"note: {note}" for note in proposal.notes]
+    lines.append(f"margin {proposal.margin}; headroom warning {proposal.threshold.describe()}; the survey's VMs reach "
+                 f"{format(proposal.surveyed_vm_mib.normalize(), 'f')} MiB")
+    for c in proposal.classes:
+        line = (f"class {c.name}: guest budget {c.guest_budget_mib} MiB, podFixed {c.pod_fixed['cpu']}/"
+                f"{c.pod_fixed['memory']} (now {c.pod_fixed_before['cpu']}/{c.pod_fixed_before['memory']}), largest VM "
+                f"{c.largest_vm_mib} MiB")
+        if c.extrapolated:
+            line += " (extrapolated: beyond the largest surveyed VM)"
+        if c.min_headroom_bytes is not None:
+            line += (f"; {c.pods} measured pod(s), least headroom in the proposed VM {_mib_text(c.min_headroom_bytes)} "
+                     f"({c.min_headroom_pod}), warning line {_mib_text(c.warning_line_bytes)}")
+        lines.append(line)
+    return lines
+
+
+def _proposal_verdict(proposal) -> int:
+    """Exit 1, with a line per class, when a measured pod would be under its warning line or the
+    survey refutes an explicit value."""
+    problems = [f"class {c.name}: pod {c.min_headroom_pod} would have {_mib_text(c.min_headroom_bytes)} of headroom, "
+                f"under its warning line {_mib_text(c.warning_line_bytes)}" for c in proposal.uncovered]
+    problems += [f"class {c.name}: {reason}" for c in proposal.refuted for reason in c.refuted]
+    _print_problems(problems)
+    return EXIT_INVALID if problems else EXIT_OK
 
 
 def _print_values_overlay(overlays: list[tuple[str, str, dict]], output: str) -> int:
@@ -459,11 +492,9 @@ def _print_pod_explanation(report: dict) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .core.calibrate import CalibrationError, fit_overhead, parse_samples_csv
+    from .core.calibrate import CalibrationError, checked_overhead_block, fit_overhead, parse_samples_csv
 
-    margin_problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
-    if margin_problem:
-        raise PolicyError([f"--margin: {margin_problem}"])
+    margin = _margin(args)
     host_memory = None
     if args.host_memory is not None:
         if args.policy:
@@ -476,47 +507,56 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.policy:
             from .core.proposal import propose
 
-            proposal = propose(load_policies(args.policy)[0], samples, margin=Decimal(args.margin))
-            fit = proposal.fit
+            proposal = propose(_chosen_policy(args, args.policy), samples, margin=margin)
+            fit, block = proposal.fit, proposal.overhead
         else:
-            fit = fit_overhead(samples, margin=Decimal(args.margin), assumed_host_mib=host_memory)
+            from .core.defaults import DEFAULT_MARGIN
+
+            fit = fit_overhead(samples, margin=DEFAULT_MARGIN if margin is None else margin,
+                               assumed_host_mib=host_memory)
+            block = checked_overhead_block(fit.overhead_block())
     except CalibrationError as exc:
         _print_problems([f"{args.samples}: {p}" for p in exc.problems])
         return EXIT_INVALID
-    report = {
-        "overhead": proposal.overhead if proposal else fit.overhead_block(),
-        "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib],
-    }
+    report = {"overhead": block, "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib]}
     if fit.max_guest_daemons_mib is not None:
         report["maxGuestDaemonsMiB"] = format(Decimal(fit.max_guest_daemons_mib).normalize(), "f")
-    notes = list(proposal.notes if proposal else fit.notes)
-    if notes:
-        report["notes"] = notes
     if proposal is not None:
-        report["classes"] = [c.as_dict() for c in proposal.classes]
-        if proposal.host_raised_mib:
-            report["hostRaisedMiB"] = proposal.host_raised_mib
+        report.update({k: v for k, v in proposal.as_dict().items() if k != "overhead"})
+    else:
+        report["largestSurveyedVmMiB"] = format(fit.largest_vm_mib.normalize(), "f")
+        if fit.notes:
+            report["notes"] = list(fit.notes)
+    _plot_if_asked(args, fit, proposal)
     if args.output == "json":
         print(json.dumps(report, indent=2))
-        return EXIT_INVALID if proposal is not None and proposal.uncovered else EXIT_OK
+        return EXIT_OK if proposal is None else _proposal_verdict(proposal)
     print("# Fitted overhead function (upper envelope: every sample covered).")
     print("# Paste under spec: in a KataSizingPolicy.")
     sys.stdout.write(yamlout.dump({"overhead": report["overhead"]}))
     print("# Residuals per sample (line above measurement, MiB): " + ", ".join(report["residualsMiB"]))
-    for note in notes:
-        print(f"# note: {note}")
-    for c in report.get("classes", []):
-        line = (f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, podFixed {c['podFixed']['cpu']}/"
-                f"{c['podFixed']['memory']} (now {c['podFixedBefore']['cpu']}/{c['podFixedBefore']['memory']})")
-        if c.get("minHeadroomBytes") is not None:
-            line += (f"; {c['podsMeasured']} measured pod(s), the least headroom {_mib_text(c['minHeadroomBytes'])} "
-                     f"({c['minHeadroomPod']})")
-        print(line)
-    if proposal is not None and proposal.uncovered:
-        _print_problems([f"class {c.name}: pod {c.min_headroom_pod} would not fit under its cgroup limit "
-                         f"({_mib_text(c.min_headroom_bytes)} headroom)" for c in proposal.uncovered])
-        return EXIT_INVALID
-    return EXIT_OK
+    if proposal is None:
+        for note in fit.notes:
+            print(f"# note: {note}")
+        return EXIT_OK
+    for line in _proposal_lines(proposal):
+        print(f"# {line}")
+    return _proposal_verdict(proposal)
+
+
+def _plot_if_asked(args: argparse.Namespace, fit, proposal) -> None:
+    """--plot FILE: the fit drawn (core-free: matplotlib is imported here only, when asked)."""
+    if getattr(args, "plot", None) is None:
+        return
+    from .plot import PlotUnavailable, plot_fit
+
+    _flag("--plot", args.plot)
+    try:
+        plot_fit(fit, proposal, args.plot)
+    except PlotUnavailable as exc:
+        raise InputError(str(exc)) from None
+    except OSError as exc:
+        raise InputError(f"--plot: {args.plot}: cannot write ({exc.strerror or exc})") from None
 
 
 def _mib_text(size_bytes: int) -> str:
@@ -848,6 +888,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--proposal", metavar="SURVEY.csv",
                         help="print the values overlay's diff with the overhead refitted from a survey "
                              "(kata-sizing survey), for a GitOps change")
+    render.add_argument("--margin", help="with --proposal: the margin of the refit (default: the policy's overhead.margin)")
+    render.add_argument("--plot", metavar="FILE.svg", help="with --proposal: draw the fit (see calibrate --plot)")
     render.add_argument("--node-name", default="node", help=argparse.SUPPRESS)
     render.set_defaults(func=cmd_render)
 
@@ -875,7 +917,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = sub.add_parser("calibrate", help="fit the overhead function from survey rows")
     calibrate.add_argument("samples", metavar="SAMPLES.csv")
-    calibrate.add_argument("--margin", default="0.10", help="safety margin for the printed block")
+    calibrate.add_argument("--margin", help="safety margin on the guest budget and the host side (default: the "
+                           "policy's overhead.margin with --policy, else 0.10)")
+    calibrate.add_argument("--policy-name", help="which policy, when --policy holds several")
+    calibrate.add_argument("--plot", metavar="FILE.svg",
+                           help="draw the fit (samples, line, classes) to an SVG or PNG; needs the plot extra "
+                                "(pip install 'kata-sizing[plot]')")
     calibrate.add_argument("--policy", metavar="POLICY.yaml",
                            help="refit this policy: the classes' podFixed, each checked against the measured pods")
     calibrate.add_argument("--host-memory", metavar="QUANTITY",
