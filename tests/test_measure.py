@@ -192,13 +192,20 @@ def _pod_entry(summary: dict, name: str) -> dict:
     # containers: null, as a Go nil slice serializes.
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk").update(containers=None),
      None, 1004535808 - 714571776, "container web not in the Summary"),
-    # A figure that is not a uint64 (a float, a string, negative) is no figure.
+    # A figure that is not a uint64 (a float, a string, negative, past 2^64 - 1) is no figure.
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=1.5e8),
-     None, None, "no memory.workingSetBytes"),
+     None, None, "workingSetBytes 150000000.0 is not a figure a kubelet sends"),
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes="714571776"),
-     None, None, "no memory.workingSetBytes"),
+     None, None, "workingSetBytes 714571776 is not a figure a kubelet sends"),
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=-1),
-     None, None, "no memory.workingSetBytes"),
+     None, None, "workingSetBytes -1 is not a figure a kubelet sends"),
+    (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=2**64),
+     None, None, "workingSetBytes 18446744073709551616 is not a figure a kubelet sends (an integer from 0 to 2^64 - 1)"),
+    (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=10**30),
+     None, None, "is not a figure a kubelet sends"),
+    # 2^64 - 1 itself is a figure (the headroom is then hugely negative, as the kubelet says).
+    (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=2**64 - 1),
+     2**64 - 1 - 297795584, 1004535808 - (2**64 - 1), None),
     # A container the spec does not name (an ephemeral debug container) is part of the workload.
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["containers"].append(
         {"name": "debugger", "startTime": "2026-12-03T09:00:00Z", "memory": {"workingSetBytes": 1048576}}),
@@ -318,10 +325,12 @@ def test_thresholds(text, pod_fixed, expected):
 
 @pytest.mark.parametrize("text, message", [
     ("101%", "between 0% and 100%"),
-    ("-1%", "between 0% and 100%"),
+    ("-1%", "is not a percentage such as 10%"),
+    ("１０%", "ASCII digits"),
+    ("1_0%", "ASCII digits"),
     ("ten%", "not a percentage"),
     ("lots", "neither a percentage"),
-    ("NaN%", "between 0% and 100%"),
+    ("NaN%", "is not a percentage such as 10%"),
 ])
 def test_bad_thresholds(text, message):
     with pytest.raises(ValueError, match=message):

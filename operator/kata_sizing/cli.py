@@ -568,7 +568,7 @@ def _mib_text(size_bytes: int) -> str:
 def cmd_survey(args: argparse.Namespace) -> int:
     """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
     from .core.sizing import size_policy
-    from .core.survey import readings_from, survey_rows, to_csv
+    from .core.survey import PodIndex, SurveyInputError, readings_from, survey_rows, to_csv
 
     if not 0 < args.timeout <= 600:
         raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 600")
@@ -576,23 +576,28 @@ def cmd_survey(args: argparse.Namespace) -> int:
     sizing = size_policy(policy)
     if sizing.errors:
         raise PolicyError([str(p) for p in sizing.errors])
-    runtime_classes = {c.runtime_class for c in sizing.classes}
-    if args.summary:
-        if not args.pods:
-            raise InputError("--summary needs --pods PODS.yaml (kubectl get pods -A -o yaml): the pods' limits "
-                             "and classes are in their specs, not in the Summary")
-        summaries, pods, source = _saved_summaries(args), _saved_pods(args.pods), "saved Summaries"
-    else:
-        if args.pods:
-            raise InputError("--pods goes with --summary; without them the cluster is read")
-        summaries, pods, fetch_notes = _cluster_summaries(runtime_classes, args.timeout)
-        _print_problems(fetch_notes, "note")
-        source = "the cluster (kubelet Summaries through the API server)"
-    readings, notes = readings_from(summaries, pods, runtime_classes)
+    index = PodIndex({c.runtime_class for c in sizing.classes})
+    try:
+        if args.summary:
+            if not args.pods:
+                raise InputError("--summary needs --pods PODS.yaml (kubectl get pods -A -o yaml): the pods' limits "
+                                 "and classes are in their specs, not in the Summary")
+            for path in dict.fromkeys(args.pods):
+                _saved_pods(path, index)
+            summaries, source = _saved_summaries(args), "saved Summaries"
+        else:
+            if args.pods:
+                raise InputError("--pods goes with --summary; without them the cluster is read")
+            summaries, fetch_notes = _cluster_summaries(index, args.timeout)
+            _print_problems(fetch_notes, "note")
+            source = "the cluster (kubelet Summaries through the API server)"
+        readings, notes = readings_from(summaries, index)
+    except SurveyInputError as exc:
+        raise InputError(str(exc)) from None
     rows, row_notes = survey_rows(readings, sizing)
-    _print_problems(notes + row_notes, "note")
+    _print_problems(notes + index.notes() + row_notes, "note")
     if not rows:
-        print(f"error: no pod of policy {policy.name}'s classes ({', '.join(sorted(runtime_classes))}) was "
+        print(f"error: no pod of policy {policy.name}'s classes ({', '.join(sorted(index.runtime_classes))}) was "
               f"measured in {source}", file=sys.stderr)
         return EXIT_INVALID
     nodes = len({row.node for row in rows})
@@ -605,43 +610,104 @@ def cmd_survey(args: argparse.Namespace) -> int:
 
 
 def _saved_summaries(args: argparse.Namespace) -> list[tuple[str, object]]:
-    found = []
+    """The Summaries, one per node: a file given twice is read once (said), two files of one node
+    are refused (which one is the node's?)."""
+    found, paths_of = [], {}
     for path in args.summary:
+        if path in paths_of.values():
+            print(f"note: {bounded.printable(path)} is given twice; it is read once", file=sys.stderr)
+            continue
         document = bounded.load_json(read_text(path), path)
         node = ((document.get("node") or {}) if isinstance(document, dict) else {}).get("nodeName")
         if not isinstance(node, str) or not node:
             raise InputError(f"{path}: not a kubelet Summary (no node.nodeName); save one with "
                              "kubectl get --raw /api/v1/nodes/NODE/proxy/stats/summary")
+        from .core.kubegrammar import dns_subdomain_problem
+
+        problem = dns_subdomain_problem(node)
+        if problem:
+            raise InputError(f"{path}: node.nodeName: {problem}")
+        if node in paths_of:
+            raise InputError(f"{paths_of[node]} and {path} are both Summaries of node {node}: give one per node")
+        paths_of[node] = path
         found.append((node, document))
     return found
 
 
-def _saved_pods(path: str) -> list[dict]:
-    from .core.audit import AuditError, pods_from_documents
-
+def _lines(path: str):
+    """The lines of a file, read as they are needed (a pod list may be far larger than other inputs)."""
     try:
-        return [pod for _, pod in pods_from_documents(load_yaml_documents(path), path)]
+        handle = open(path, encoding="utf-8", newline="")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with handle:
+        try:
+            yield from handle
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def _saved_pods(path: str, index) -> None:
+    """`kubectl get pods -A -o yaml` into `index`, a pod at a time (core/podlist.py); text laid out
+    otherwise (JSON, several documents) is read whole, within the 4 MiB of any input."""
+    from .core.audit import AuditError, pods_from_documents
+    from .core.podlist import SPLIT, NotStreamable, read_pod_list
+
+    def wanted(text: str) -> bool:
+        # Only a pod whose text names a measured RuntimeClass can be one of them (an escape could hide it).
+        return "\\" in text or any(name in text for name in index.runtime_classes)
+
+    if path != "-":
+        try:
+            for where, pod in read_pod_list(_lines(path), path, wanted):
+                index.add(pod, where)
+            return
+        except NotStreamable:
+            pass
+    try:
+        text = read_text(path)
+    except InputError as exc:
+        raise InputError(f"{exc}; a pod list larger than that must be a List as kubectl writes it (-o yaml), or "
+                         f"{SPLIT}") from None
+    try:
+        pods = pods_from_documents(bounded.load_yaml_documents(text, path), path)
     except AuditError as exc:
         raise InputError(str(exc)) from None
+    for where, pod in pods:
+        if isinstance(pod, dict) and pod.get("kind") not in (None, "Pod"):
+            raise InputError(f"{where}: kind {str(pod.get('kind'))[:40]!r} is not a Pod or a List of Pods; save the "
+                             "pods with kubectl get pods -A -o yaml")
+        index.add(pod, where)
+    if not index.pods:
+        raise InputError(f"{path}: holds no Pod; save the pods with kubectl get pods -A -o yaml")
 
 
-def _cluster_summaries(runtime_classes: set[str], timeout_s: float) -> tuple[list, list[dict], list[str]]:
-    """The pods from the API server, and the Summary of each node running one of them (through
-    the API server's node proxy, as `kubectl get --raw` reads it: the CLI runs where kubectl does,
-    not necessarily where the kubelets are reachable)."""
+def _cluster_summaries(index, timeout_s: float) -> tuple[list, list[str]]:
+    """The pods from the API server (a page at a time, into `index`), and the Summary of each node
+    running one of them (through the API server's node proxy, as `kubectl get --raw` reads it: the
+    CLI runs where kubectl does, not necessarily where the kubelets are reachable)."""
     import asyncio
 
     from .controller.kube import ApiError, KubeApi  # the kubernetes client loads only here
-    from .core.survey import kata_pods_by_node
 
-    async def read() -> tuple[list, list[dict], list[str]]:
+    async def read() -> tuple[list, list[str]]:
         try:
             api = await KubeApi.connect()
         except Exception as exc:  # noqa: BLE001 - the client's config errors have no common type
             raise InputError(f"cannot connect to the cluster: {exc}") from None
         try:
-            pods = await api.list_all("Pod")
-            by_node, _ = kata_pods_by_node(pods, runtime_classes)
+            continue_token, number = None, 0
+            while True:
+                page, _, continue_token = await api.list_page("Pod", 500, continue_token)
+                for pod in page:
+                    index.add(pod, f"pods[{number}]")
+                    number += 1
+                if not continue_token:
+                    break
             limit = asyncio.Semaphore(8)
             notes: list[str] = []
 
@@ -653,8 +719,8 @@ def _cluster_summaries(runtime_classes: set[str], timeout_s: float) -> tuple[lis
                         notes.append(f"node {node} skipped: {exc}")
                         return None
 
-            found = await asyncio.gather(*(one(node) for node in sorted(by_node)))
-            return [f for f in found if f is not None], pods, notes
+            found = await asyncio.gather(*(one(node) for node in sorted(index.by_node)))
+            return [f for f in found if f is not None], notes
         except ApiError as exc:
             raise InputError(f"cannot read the pods: {exc}") from None
         finally:
@@ -936,7 +1002,9 @@ def build_parser() -> argparse.ArgumentParser:
     survey.add_argument("--summary", metavar="SUMMARY.json", action="append", default=[],
                         help="a saved Summary (kubectl get --raw /api/v1/nodes/NODE/proxy/stats/summary), "
                              "repeatable; without it the cluster of KUBECONFIG is read")
-    survey.add_argument("--pods", metavar="PODS.yaml", help="with --summary: kubectl get pods -A -o yaml")
+    survey.add_argument("--pods", metavar="PODS.yaml", action="append", default=[],
+                        help="with --summary: kubectl get pods -A -o yaml (repeatable: a list split by namespace "
+                             "or node)")
     survey.add_argument("--policy-name", help="which policy, when the file holds several")
     survey.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per Summary read (default 10)")
     survey.set_defaults(func=cmd_survey)

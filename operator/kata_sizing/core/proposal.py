@@ -289,7 +289,9 @@ def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str)
         "source": source, "rows": proposal.rows, "overhead": dict(proposal.overhead),
         "classes": [{
             "name": c.name, "podFixed": c.pod_fixed, "podFixedBefore": c.pod_fixed_before, "podsMeasured": c.pods,
+            "headroomWarningBytes": c.warning_line_bytes, "extrapolated": c.extrapolated,
             **({"minHeadroomBytes": c.min_headroom_bytes} if c.min_headroom_bytes is not None else {}),
+            **({"refuted": list(c.refuted)} if c.refuted else {}),
         } for c in proposal.classes],
         "hostRaisedMiB": proposal.host_raised_mib,
         "notes": list(proposal.notes),
