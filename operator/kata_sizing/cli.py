@@ -658,8 +658,8 @@ def _saved_pods(path: str, index) -> None:
     from .core.podlist import SPLIT, NotStreamable, read_pod_list
 
     def wanted(text: str) -> bool:
-        # Only a pod whose text names a measured RuntimeClass can be one of them (an escape could hide it).
-        return "\\" in text or any(name in text for name in index.runtime_classes)
+        # Only a pod with a runtimeClassName can be a Kata pod (an escape could hide the key's text).
+        return "runtimeClassName" in text or "\\" in text
 
     if path != "-":
         try:

@@ -85,10 +85,12 @@ def read_pod_list(lines: Iterable[str], source: str, wanted: Callable[[str], boo
                 raise NotStreamable
             if re.fullmatch(r"items:\s*(#.*)?", line.rstrip("\r\n")):
                 state = "items"
-            elif line[0] == " " or not re.match(r"[A-Za-z][A-Za-z0-9_]*:", line):
-                raise NotStreamable  # flow style, a multi-line header value: not the kubectl layout
+            elif not wrapper and not re.match(r"[A-Za-z][A-Za-z0-9_]*:", line):
+                raise NotStreamable  # not a block mapping's key first: not the kubectl layout
             else:
                 wrapper.append(line)
+                if sum(len(part) for part in wrapper) > MAX_WRAPPER_BYTES:
+                    raise NotStreamable
             continue
         if state == "items":
             if column < 0:
@@ -120,7 +122,7 @@ def read_pod_list(lines: Iterable[str], source: str, wanted: Callable[[str], boo
             yield from finish()
             state = "trailer"
         # Past the items (pods may have been read already): the rest is the List's own fields.
-        if (line[:1] == " " and not _blank_or_comment(line)) or line.startswith("---"):
+        if line.startswith("---"):
             raise InputError(f"{source}: line {number}: not a List as kubectl writes it (the List's fields after "
                              "its items, one document); save the pods with kubectl get pods -A -o yaml")
         wrapper.append(line)
