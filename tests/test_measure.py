@@ -538,3 +538,20 @@ def test_figures_in_bytes_are_exact_for_the_extremes():
     assert figures.min_headroom.value_bytes == (2048 + 64 + 200) * MIB - 2419064832
     assert state.figures("kata-qemu-rs-xl", 1000.0) is None
     assert Decimal(figures.overhead_p99_bytes) == pytest.approx(Decimal(466616320), rel=Decimal("0.005"))
+
+
+def test_pods_not_measured_are_counted_per_class():
+    """A pod the Summary does not list, and one it lists without a figure a kubelet sends, are counted
+    per class (status.measurement.classes[].podsNotMeasured)."""
+    pods = {uid: KataPod(uid, f"ns/{uid}", "kata-x-s", "n1", 256 * MIB, 300 * MIB, ("c0",), None, 256 * MIB)
+            for uid in ("a", "b", "c")}
+    document = {"node": {"nodeName": "n1"}, "pods": [
+        {"podRef": {"name": "a", "namespace": "ns", "uid": "a"}, "memory": {"workingSetBytes": 400 * MIB},
+         "containers": [{"name": "c0", "memory": {"workingSetBytes": 100 * MIB}}]},
+        {"podRef": {"name": "b", "namespace": "ns", "uid": "b"}, "memory": {"workingSetBytes": 2**64},
+         "containers": [{"name": "c0", "memory": {"workingSetBytes": 100 * MIB}}]}]}
+    reading = read_summary(document, "n1", pods)
+    assert reading.not_reported == ("ns/c",) and reading.not_reported_runtime_classes == ("kata-x-s",)
+    state = MeasurementState()
+    state.add_reading(reading, 0.0, {"kata-x-s": 600.0}, {"kata-x-s": (HeadroomThreshold(), 300 * MIB)})
+    assert state.pods_measured("kata-x-s") == 2 and state.pods_not_measured("kata-x-s") == 2
