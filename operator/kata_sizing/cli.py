@@ -43,16 +43,21 @@ def read_text(path: str) -> str:
                 data = handle.read(limit + 1)
         bounded.check_size(data, path)
         return data.decode("utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a file") from None
-    except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: str, exc: OSError | ValueError) -> InputError:
+    """One line for a file that cannot be read, whatever the reason."""
+    if isinstance(exc, FileNotFoundError):
+        return InputError(f"{path}: no such file")
+    if isinstance(exc, IsADirectoryError):
+        return InputError(f"{path}: is a directory, not a file")
+    if isinstance(exc, PermissionError):
+        return InputError(f"{path}: permission denied")
+    if isinstance(exc, UnicodeDecodeError):
+        return InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return InputError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})")
 
 
 def load_yaml_documents(path: str) -> list[object]:
@@ -638,17 +643,13 @@ def _lines(path: str):
     """The lines of a file, read as they are needed (a pod list may be far larger than other inputs)."""
     try:
         handle = open(path, encoding="utf-8", newline="")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a file") from None
     except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise _unreadable(path, exc) from None
     with handle:
         try:
             yield from handle
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not UTF-8 text ({exc.reason})") from None
+        except (OSError, ValueError) as exc:
+            raise _unreadable(path, exc) from None
 
 
 def _saved_pods(path: str, index) -> None:
