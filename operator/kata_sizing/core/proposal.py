@@ -34,7 +34,9 @@ from .defaults import Runtime
 from .headroom import HeadroomThreshold, mib_text
 from .model import KataSizingPolicy, PolicyError, parse_policy
 from .quantity import MIB, format_mib
-from .sizing import ClassSizing, PolicySizing, explain_pod, guest_budget_mib, overhead_function, size_policy
+from .sizing import (
+    ClassSizing, PolicySizing, SandboxRefused, explain_pod, guest_budget_mib, overhead_function, size_policy,
+)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,10 @@ def _pods(samples: Sequence[Sample], sizing: PolicySizing) -> list[_Pod]:
         if sized is None or sample.pod_cgroup_limit_bytes is None or not sample.measured_by_kubelet:
             continue
         limits = _limits_bytes(sample)
-        vm = explain_pod(sizing, sized.name, None, limits).vm.memory_mib
+        try:
+            vm = explain_pod(sizing, sized.name, None, limits).vm.memory_mib
+        except SandboxRefused:
+            continue  # Kata would not boot it under the proposal: validate says so for the class
         delta_bytes = int((vm - sample.vm_nominal_mib) * MIB) if sample.resident else 0
         pods.append(_Pod(sample.pod or f"line {sample.line}", sized.name, limits,
                          sample.pod_working_set_bytes + delta_bytes))
