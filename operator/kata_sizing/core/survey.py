@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -134,8 +135,7 @@ def readings_from(summaries: Iterable[tuple[str, object]], index: PodIndex) -> t
     """Readings of saved Summaries ((node, document) pairs) against the pods' specs (`kubectl get
     pods -A -o yaml`), and a note per Summary that could not be read and per pod left out."""
     summaries = list(summaries)
-    nodes = [node for node, _ in summaries]
-    twice = sorted({node for node in nodes if nodes.count(node) > 1})
+    twice = sorted(node for node, count in Counter(node for node, _ in summaries).items() if count > 1)
     if twice:
         raise SurveyInputError(f"two Summaries of node {twice[0]}: give one per node")
     listed = {node: _listed_uids(summary, node) for node, summary in summaries}
