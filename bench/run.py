@@ -158,6 +158,8 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     # The operator's image (`make image`): start-up in it, with and without bytecode.
     "image": _external("bench.image_bench", "bench_image"),
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
+    # `survey` of a saved 20,000-pod list, read a pod at a time.
+    "survey": _external("bench.survey_bench", "bench_survey"),
     # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover.
     "node": _external("bench.node_bench", "bench_node"),
 }

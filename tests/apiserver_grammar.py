@@ -227,3 +227,29 @@ def schema_accepts(kind: str, scalar: Scalar) -> bool:
 
 quantity_texts = st.sampled_from(["1Gi", "512Mi", "1.5Gi", "-1Gi", "1e3", "1E3", ".5", "5.", "+1k", "0x10", "lots",
                                   "1 Gi", "1Gi\n", "", "0", "1e", "Gi", "1.5.5", "١Gi", "2Ei"])
+
+
+# --- what a kubelet and the API server send back (survey inputs) --------------------------------------
+
+UINT64_MAX = 2**64 - 1  # k8s.io/kubelet/pkg/apis/stats/v1alpha1: every byte figure is a *uint64
+
+# Names as the API server stores them (IsDNS1123Label / IsDNS1123Subdomain), and text that is not:
+# the characters issue 26 found reaching a CSV (=, a comma, quotes, CR, LF), upper case, dots, dashes.
+dns_labels = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")
+dns_subdomains = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?){0,2}\Z")
+name_texts = st.one_of(
+    dns_labels, dns_subdomains,
+    st.text(alphabet="az09-.=,\"'\r\n/ Z_\u00e9", min_size=0, max_size=12),
+    st.sampled_from(["=team", "web,1", 'a"b', "a\rb", "a\nb", "-a", "a-", "a" * 64, "a." * 127 + "a", "A"]),
+)
+
+# A Summary's byte figure as a kubelet might (not) write it: in and past the uint64 range, and what
+# JSON could carry instead (a float, a string, a boolean, null).
+summary_figures = st.one_of(
+    st.integers(0, 2**40), st.integers(UINT64_MAX - 4, UINT64_MAX + 4), st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5), st.booleans(), st.none(),
+)
+
+
+def uint64_ok(value: object) -> bool:
+    return type(value) is int and 0 <= value <= UINT64_MAX

@@ -97,6 +97,84 @@ def kata_pod(name: str, node: str, runtime_class: str, memory_limit: str, pod_fi
     }
 
 
+def write_pod_list(path, count: int, kata_every: int, nodes: int, runtime_class: str) -> list[dict]:
+    """`kubectl get pods -A -o yaml` of `count` pods of about 4 KiB each, as kubectl writes a List,
+    every `kata_every`-th of `runtime_class` (512Mi, podFixed 300Mi), spread over `nodes` nodes;
+    returns those Kata pods (as kata_pod builds them, container `app`), for their Summaries."""
+    import yaml
+
+    template = yaml.safe_dump(_realistic_pod(), default_flow_style=False, sort_keys=True, width=10**9)
+    entry = "- " + template.replace("\n", "\n  ").rstrip(" ")
+    kata = []
+    with open(path, "w") as handle:
+        handle.write("apiVersion: v1\nitems:\n")
+        for i in range(count):
+            name, node_name = f"app-{i:05d}", f"node-{(i // kata_every) % nodes:03d}"
+            text = entry.replace("NAME", name).replace("UID", f"uid-{i:05d}").replace("NODE", node_name)
+            if i % kata_every == 0:
+                text = text.replace("\n    schedulerName:", f"\n    runtimeClassName: {runtime_class}\n    schedulerName:")
+                pod = kata_pod(name, node_name, runtime_class, "512Mi", "300Mi", namespace="payments",
+                               uid=f"uid-{i:05d}")
+                pod["spec"]["containers"][0]["name"] = "app"
+                kata.append(pod)
+            handle.write(text)
+        handle.write("kind: List\nmetadata:\n  resourceVersion: \"\"\n")
+    return kata
+
+
+def _realistic_pod() -> dict:
+    """A Pod as kubectl prints it (managedFields hidden, as by default): about 4 KiB."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": "2026-12-01T10:00:00Z",
+                                     "prometheus.io/scrape": "true"},
+                     "creationTimestamp": "2026-12-01T10:00:00Z", "generateName": "app-7d9f8b6c4-",
+                     "labels": {"app": "app", "pod-template-hash": "7d9f8b6c4", "team": "payments"},
+                     "name": "NAME", "namespace": "payments",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "blockOwnerDeletion": True, "controller": True,
+                                          "kind": "ReplicaSet", "name": "app-7d9f8b6c4",
+                                          "uid": "0e7c4a4e-1b2c-4d5e-8f90-123456789abc"}],
+                     "resourceVersion": "100000", "uid": "UID"},
+        "spec": {"containers": [{
+            "env": [{"name": "LOG_LEVEL", "value": "info"},
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}],
+            "image": "registry.example.com/payments/app:1.42.0", "imagePullPolicy": "IfNotPresent", "name": "app",
+            "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+            "readinessProbe": {"failureThreshold": 3, "httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
+                               "periodSeconds": 10, "successThreshold": 1, "timeoutSeconds": 1},
+            "resources": {"limits": {"cpu": "1", "memory": "512Mi"}, "requests": {"cpu": "250m", "memory": "512Mi"}},
+            "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+            "volumeMounts": [{"mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                              "name": "kube-api-access-abcde", "readOnly": True}]}],
+            "dnsPolicy": "ClusterFirst", "enableServiceLinks": True, "nodeName": "NODE",
+            "overhead": {"cpu": "250m", "memory": "300Mi"},
+            "preemptionPolicy": "PreemptLowerPriority", "priority": 0, "restartPolicy": "Always",
+            "schedulerName": "default-scheduler", "securityContext": {}, "serviceAccount": "default",
+            "serviceAccountName": "default", "terminationGracePeriodSeconds": 30,
+            "tolerations": [{"effect": "NoExecute", "key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                             "tolerationSeconds": 300},
+                            {"effect": "NoExecute", "key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                             "tolerationSeconds": 300}],
+            "volumes": [{"name": "kube-api-access-abcde", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"items": [{"key": "ca.crt", "path": "ca.crt"}], "name": "kube-root-ca.crt"}},
+                {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                            "path": "namespace"}]}}]}}]},
+        "status": {"conditions": [{"lastProbeTime": None, "lastTransitionTime": "2026-12-01T10:00:05Z",
+                                   "status": "True", "type": t} for t in (
+            "PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")],
+            "containerStatuses": [{"containerID": "containerd://" + "ab" * 32,
+                                   "image": "registry.example.com/payments/app:1.42.0",
+                                   "imageID": "registry.example.com/payments/app@sha256:" + "cd" * 32,
+                                   "lastState": {}, "name": "app", "ready": True, "restartCount": 0, "started": True,
+                                   "state": {"running": {"startedAt": "2026-12-01T10:00:04Z"}}}],
+            "hostIP": "10.0.0.1", "hostIPs": [{"ip": "10.0.0.1"}], "phase": "Running", "podIP": "10.244.1.2",
+            "podIPs": [{"ip": "10.244.1.2"}], "qosClass": "Guaranteed", "startTime": "2026-12-01T10:00:00Z"},
+    }
+
+
+
+
 def node(name: str, address: str | None = None, port: int = 10250) -> dict:
     status: dict = {"capacity": {"cpu": "64", "memory": "256Gi"}, "allocatable": {"cpu": "63", "memory": "248Gi"},
                     "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}

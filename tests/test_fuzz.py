@@ -166,6 +166,17 @@ def test_any_bytes_as_a_csv_exit_cleanly(data):
         _run(["calibrate", path])
 
 
+@FUZZ
+@given(pods=hostile_bytes, summary=st.one_of(hostile_bytes, st.sampled_from([
+    b'{"node": {"nodeName": "n1"}, "pods": [{"podRef": {"name": "p", "namespace": "ns", "uid": "u"}, '
+    b'"memory": {"workingSetBytes": 18446744073709551616}}]}',
+    b'{"node": {"nodeName": ["n1"]}}', b'{"node": {"nodeName": "n1"}, "pods": {}}', b'[]'])))
+def test_any_bytes_as_a_survey_exit_cleanly(pods, summary):
+    policy = str(ROOT / "examples" / "qemu-runtime-rs.yaml")
+    with _file(pods, "pods.yaml") as pods_path, _file(summary, "summary.json") as summary_path:
+        _run(["survey", policy, "--pods", pods_path, "--summary", summary_path])
+
+
 POD_FRAGMENTS = [
     b"apiVersion: v1\n", b"kind: Pod\n", b"kind: List\n", b"kind: Deployment\n", b"kind: CronJob\n",
     b"metadata: {name: p, namespace: n, labels: {katasizing.dev/policy: qemu-rs}}\n", b"spec:\n",

@@ -192,13 +192,20 @@ def _pod_entry(summary: dict, name: str) -> dict:
     # containers: null, as a Go nil slice serializes.
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk").update(containers=None),
      None, 1004535808 - 714571776, "container web not in the Summary"),
-    # A figure that is not a uint64 (a float, a string, negative) is no figure.
+    # A figure that is not a uint64 (a float, a string, negative, past 2^64 - 1) is no figure.
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=1.5e8),
-     None, None, "no memory.workingSetBytes"),
+     None, None, "workingSetBytes 150000000.0 is not a figure a kubelet sends"),
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes="714571776"),
-     None, None, "no memory.workingSetBytes"),
+     None, None, "workingSetBytes 714571776 is not a figure a kubelet sends"),
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=-1),
-     None, None, "no memory.workingSetBytes"),
+     None, None, "workingSetBytes -1 is not a figure a kubelet sends"),
+    (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=2**64),
+     None, None, "workingSetBytes 18446744073709551616 is not a figure a kubelet sends (an integer from 0 to 2^64 - 1)"),
+    (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=10**30),
+     None, None, "is not a figure a kubelet sends"),
+    # 2^64 - 1 itself is a figure (the headroom is then hugely negative, as the kubelet says).
+    (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["memory"].update(workingSetBytes=2**64 - 1),
+     2**64 - 1 - 297795584, 1004535808 - (2**64 - 1), None),
     # A container the spec does not name (an ephemeral debug container) is part of the workload.
     (lambda s: _pod_entry(s, "web-7d9c4b8f6d-x2lqk")["containers"].append(
         {"name": "debugger", "startTime": "2026-12-03T09:00:00Z", "memory": {"workingSetBytes": 1048576}}),
@@ -318,10 +325,12 @@ def test_thresholds(text, pod_fixed, expected):
 
 @pytest.mark.parametrize("text, message", [
     ("101%", "between 0% and 100%"),
-    ("-1%", "between 0% and 100%"),
+    ("-1%", "is not a percentage such as 10%"),
+    ("１０%", "ASCII digits"),
+    ("1_0%", "ASCII digits"),
     ("ten%", "not a percentage"),
     ("lots", "neither a percentage"),
-    ("NaN%", "between 0% and 100%"),
+    ("NaN%", "is not a percentage such as 10%"),
 ])
 def test_bad_thresholds(text, message):
     with pytest.raises(ValueError, match=message):
@@ -529,3 +538,20 @@ def test_figures_in_bytes_are_exact_for_the_extremes():
     assert figures.min_headroom.value_bytes == (2048 + 64 + 200) * MIB - 2419064832
     assert state.figures("kata-qemu-rs-xl", 1000.0) is None
     assert Decimal(figures.overhead_p99_bytes) == pytest.approx(Decimal(466616320), rel=Decimal("0.005"))
+
+
+def test_pods_not_measured_are_counted_per_class():
+    """A pod the Summary does not list, and one it lists without a figure a kubelet sends, are counted
+    per class (status.measurement.classes[].podsNotMeasured)."""
+    pods = {uid: KataPod(uid, f"ns/{uid}", "kata-x-s", "n1", 256 * MIB, 300 * MIB, ("c0",), None, 256 * MIB)
+            for uid in ("a", "b", "c")}
+    document = {"node": {"nodeName": "n1"}, "pods": [
+        {"podRef": {"name": "a", "namespace": "ns", "uid": "a"}, "memory": {"workingSetBytes": 400 * MIB},
+         "containers": [{"name": "c0", "memory": {"workingSetBytes": 100 * MIB}}]},
+        {"podRef": {"name": "b", "namespace": "ns", "uid": "b"}, "memory": {"workingSetBytes": 2**64},
+         "containers": [{"name": "c0", "memory": {"workingSetBytes": 100 * MIB}}]}]}
+    reading = read_summary(document, "n1", pods)
+    assert reading.not_reported == ("ns/c",) and reading.not_reported_runtime_classes == ("kata-x-s",)
+    state = MeasurementState()
+    state.add_reading(reading, 0.0, {"kata-x-s": 600.0}, {"kata-x-s": (HeadroomThreshold(), 300 * MIB)})
+    assert state.pods_measured("kata-x-s") == 2 and state.pods_not_measured("kata-x-s") == 2

@@ -383,3 +383,64 @@ def test_an_unquoted_label_key_is_the_text_kubectl_makes_of_it(key):
         "policy.yaml")[0]) if grammar.label_key_ok(text) else None
     if policy is not None:
         assert policy.spec.runtime_class.node_selector == {text: "kata"}
+
+
+# --- survey inputs: figures and names as a kubelet and the API server send them (issue 26) ----------
+
+import csv  # noqa: E402
+
+from kata_sizing.core.calibrate import parse_samples_csv  # noqa: E402
+from kata_sizing.core.measure import KataPod, read_summary  # noqa: E402
+from kata_sizing.core.survey import SurveyInputError, index_pods, readings_from, survey_rows, to_csv  # noqa: E402
+from tests.summaries import Figures, kata_pod as pod_document, summary as summary_document  # noqa: E402
+
+_SURVEY_POLICY = parse_policy({"metadata": {"name": "p"}, "spec": {
+    "shim": "qemu-runtime-rs", "classes": [{"name": "s", "cpu": "1", "memory": "1Gi"}]}})
+_SURVEY_SIZING = size_policy(_SURVEY_POLICY)
+_RC = _SURVEY_SIZING.classes[0].runtime_class
+
+
+@SETTINGS
+@given(pod_figure=grammar.summary_figures, container_figure=grammar.summary_figures)
+def test_summary_figures_count_only_as_a_kubelet_sends_them(pod_figure, container_figure):
+    """A figure counts when it is a uint64, whatever else JSON could hold; the headroom is then the
+    cgroup limit less it, exactly, and nothing raises."""
+    pod = KataPod("u", "ns/p", _RC, "n1", 256 * MIB, 300 * MIB, ("c0",), None, 256 * MIB)
+    document = summary_document("n1", [pod_document("p", "n1", _RC, "256Mi", "300Mi", namespace="ns", uid="u")],
+                                lambda _: Figures(10 * MIB, 50 * MIB))
+    document["pods"][0]["memory"]["workingSetBytes"] = pod_figure
+    document["pods"][0]["containers"][0]["memory"]["workingSetBytes"] = container_figure
+    [measurement] = read_summary(document, "n1", {"u": pod}).measurements
+    if grammar.uint64_ok(pod_figure):
+        assert measurement.headroom_bytes == 556 * MIB - pod_figure
+    else:
+        assert measurement.working_set_bytes is None and measurement.headroom_bytes is None
+        assert any("workingSetBytes" in p for p in measurement.problems)
+    if grammar.uint64_ok(pod_figure) and grammar.uint64_ok(container_figure):
+        assert measurement.overhead_bytes == pod_figure - container_figure
+    else:
+        assert measurement.overhead_bytes is None
+
+
+@SETTINGS
+@given(namespace=grammar.name_texts, name=grammar.name_texts, node=grammar.name_texts)
+def test_survey_takes_exactly_the_names_the_api_server_stores(namespace, name, node):
+    """Accepted iff the API server could have stored the names; then the CSV `survey` writes reads back
+    unchanged through Python's csv module and through calibrate."""
+    pod = pod_document(name, node, _RC, "256Mi", "300Mi", namespace=namespace, uid="u1")
+    expected = grammar.dns_label_ok(namespace) and grammar.dns_subdomain_ok(name) and grammar.dns_subdomain_ok(node)
+    try:
+        index = index_pods([pod], {_RC})
+        readings, _ = readings_from([(node, summary_document(node, [pod], lambda _: Figures(10 * MIB, 50 * MIB)))],
+                                    index)
+    except SurveyInputError as exc:
+        assert not expected, exc
+        return
+    assert expected
+    rows, notes = survey_rows(readings, _SURVEY_SIZING)
+    assert notes == [] and len(rows) == 1
+    text = to_csv(rows)
+    data = text.splitlines()
+    assert [",".join(cells) for cells in csv.reader(data)] == data
+    [back] = parse_samples_csv(text)
+    assert (back.node, back.pod) == (node, f"{namespace}/{name}")

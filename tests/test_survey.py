@@ -144,9 +144,12 @@ def test_a_row_needs_a_measurement_and_pairs_go_together():
 
 
 @pytest.mark.parametrize("cell, message", [
-    ("ns/pod name", "is not a Kubernetes name"),
+    ("ns/pod name", "is not a pod \\(namespace/name\\): 'pod name' is not a DNS subdomain"),
     ("a" * 321, "longer than 320 characters"),
-    ("ns/p\x1b[31m", "is not a Kubernetes name"),
+    ("ns/p\x1b[31m", "is not a DNS subdomain"),
+    ("=ns/p", "'=ns' is not a DNS label"),
+    ("ns/p,q", "is not a pod"),
+    ("p", "is not a pod \\(namespace/name\\)"),
 ])
 def test_text_cells_are_names(cell, message):
     text = ("pod,container_limit_mib,vm_nominal_mib,pod_working_set_bytes,containers_working_set_bytes\n"
@@ -187,24 +190,27 @@ def test_a_proposal_from_a_survey_covers_every_measured_pod():
     assert proposal.uncovered == []
 
 
-def test_a_pod_the_fit_would_leave_short_raises_the_host_side_until_it_fits():
+def test_a_fully_resident_pod_gives_the_host_side_with_its_margin_and_stays_above_its_line():
     """One pod's VM is fully resident (its cgroup holds the whole VM and more): it gives the host
-    side, not a guest point, and the refit's smaller guest budget would leave it short; hostMemory
-    is raised by its shortfall and the margin."""
+    side, not a guest point; hostMemory is that host side with the margin, which keeps it (the pod
+    with the least headroom) above its warning line in the VM the proposal gives it."""
     current = policy()
     sizing = size_policy(current)
     readings = fleet(sizing, lambda vm: 50 + 40 + 0.05 * vm)
     outlier = measurement(sizing, "s", 512, 400, 700, index=9, node="n3")
     rows, _ = survey_rows([*readings, NodeReading("n3", (outlier,))], sizing)
     proposal = propose(current, rows)
-    assert proposal.host_raised_mib > 0
-    assert proposal.host_raised_for == "ns/s-9"
     assert proposal.fit.host_mib is not None  # measured on the resident VM
-    assert proposal.overhead["hostMemory"] == f"{proposal.fit.host_mib + proposal.host_raised_mib}Mi"
-    headrooms = dict(covered(proposal, rows))
-    assert all(h >= 0 for h in headrooms.values()), headrooms
-    assert headrooms["ns/s-9"] == min(headrooms.values())
-    assert any("hostMemory raised" in note and "ns/s-9" in note for note in proposal.notes)
+    assert proposal.overhead["hostMemory"] == f"{proposal.fit.host_with_margin_mib}Mi"
+    by_name = {c.name: c for c in proposal.classes}
+    assert by_name["s"].min_headroom_pod == "ns/s-9"
+    # Its VM changes with the refit's guest budget, and a fully resident VM holds that change.
+    resident = next(r for r in rows if r.pod == "ns/s-9")
+    new_vm = explain_pod(size_policy(proposal.refitted), "s", None, 512 * MIB).vm.memory_mib
+    pod_fixed = int(by_name["s"].pod_fixed["memory"].removesuffix("Mi"))
+    assert by_name["s"].min_headroom_bytes == (
+        (512 + pod_fixed) * MIB - resident.pod_working_set_bytes - int(new_vm - resident.vm_nominal_mib) * MIB)
+    assert all(c.min_headroom_bytes >= c.warning_line_bytes for c in proposal.classes)
 
 
 def test_an_explicit_podfixed_is_reported_not_refitted():

@@ -43,16 +43,21 @@ def read_text(path: str) -> str:
                 data = handle.read(limit + 1)
         bounded.check_size(data, path)
         return data.decode("utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a file") from None
-    except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: str, exc: OSError | ValueError) -> InputError:
+    """One line for a file that cannot be read, whatever the reason."""
+    if isinstance(exc, FileNotFoundError):
+        return InputError(f"{path}: no such file")
+    if isinstance(exc, IsADirectoryError):
+        return InputError(f"{path}: is a directory, not a file")
+    if isinstance(exc, PermissionError):
+        return InputError(f"{path}: permission denied")
+    if isinstance(exc, UnicodeDecodeError):
+        return InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return InputError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})")
 
 
 def load_yaml_documents(path: str) -> list[object]:
@@ -104,6 +109,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     policies = load_policies(args.policy)
     if args.proposal:
         return _render_proposal(policies, args)
+    if args.margin is not None or args.plot is not None:
+        raise InputError("--margin and --plot go with --proposal SURVEY.csv")
     nodes = None
     if args.node_capacity:
         from .core.guidance import NodeFacts
@@ -158,7 +165,7 @@ def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace)
         raise InputError("--proposal prints a diff of the values overlay; drop --values-only, --node-capacity and -o")
     policy = policies[0]
     try:
-        proposal = propose(policy, parse_samples_csv(read_text(args.proposal)))
+        proposal = propose(policy, parse_samples_csv(read_text(args.proposal)), margin=_margin(args))
     except CalibrationError as exc:
         _print_problems([f"{args.proposal}: {p}" for p in exc.problems])
         return EXIT_INVALID
@@ -172,20 +179,51 @@ def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace)
     print("# Set in the policy (spec.overhead):")
     for line in yamlout.dump(proposal.overhead).splitlines():
         print(f"#   {line}")
-    for note in proposal.notes:
-        print(f"# note: {note}")
-    for c in proposal.classes:
-        print(f"# class {c.name}: podFixed {c.pod_fixed_before['memory']} -> {c.pod_fixed['memory']}"
-              + (f" ({c.pods} measured pod(s), least headroom {_mib_text(c.min_headroom_bytes)})"
-                 if c.min_headroom_bytes is not None else ""))
+    for line in _proposal_lines(proposal):
+        print(f"# {line}")
     sys.stdout.writelines(difflib.unified_diff(
         now.values_yaml.splitlines(keepends=True), proposed.values_yaml.splitlines(keepends=True),
         fromfile=f"{name} (now)", tofile=f"{name} (proposed)"))
-    if proposal.uncovered:
-        _print_problems([f"class {c.name}: pod {c.min_headroom_pod} would not fit under its cgroup limit "
-                         f"({_mib_text(c.min_headroom_bytes)} headroom)" for c in proposal.uncovered])
-        return EXIT_INVALID
-    return EXIT_OK
+    _plot_if_asked(args, proposal.fit, proposal)
+    return _proposal_verdict(proposal)
+
+
+def _margin(args: argparse.Namespace) -> Decimal | None:
+    """--margin when given (checked as the policy's field is), else None: the policy's own."""
+    if args.margin is None:
+        return None
+    problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
+    if problem:
+        raise PolicyError([f"--margin: {problem}"])
+    return Decimal(args.margin)
+
+
+def _proposal_lines(proposal) -> list[str]:
+    """What a proposal says per class, one line each, for calibrate --policy and render --proposal."""
+    lines = [f"note: {note}" for note in proposal.notes]
+    lines.append(f"margin {proposal.margin}; headroom warning {proposal.threshold.describe()}; the survey's VMs reach "
+                 f"{format(proposal.surveyed_vm_mib.normalize(), 'f')} MiB")
+    for c in proposal.classes:
+        line = (f"class {c.name}: guest budget {c.guest_budget_mib} MiB, podFixed {c.pod_fixed['cpu']}/"
+                f"{c.pod_fixed['memory']} (now {c.pod_fixed_before['cpu']}/{c.pod_fixed_before['memory']}), largest VM "
+                f"{c.largest_vm_mib} MiB")
+        if c.extrapolated:
+            line += " (extrapolated: beyond the largest surveyed VM)"
+        if c.min_headroom_bytes is not None:
+            line += (f"; {c.pods} measured pod(s), least headroom in the proposed VM {_mib_text(c.min_headroom_bytes)} "
+                     f"({c.min_headroom_pod}), warning line {_mib_text(c.warning_line_bytes)}")
+        lines.append(line)
+    return lines
+
+
+def _proposal_verdict(proposal) -> int:
+    """Exit 1, with a line per class, when a measured pod would be under its warning line or the
+    survey refutes an explicit value."""
+    problems = [f"class {c.name}: pod {c.min_headroom_pod} would have {_mib_text(c.min_headroom_bytes)} of headroom, "
+                f"under its warning line {_mib_text(c.warning_line_bytes)}" for c in proposal.uncovered]
+    problems += [f"class {c.name}: {reason}" for c in proposal.refuted for reason in c.refuted]
+    _print_problems(problems)
+    return EXIT_INVALID if problems else EXIT_OK
 
 
 def _print_values_overlay(overlays: list[tuple[str, str, dict]], output: str) -> int:
@@ -459,11 +497,9 @@ def _print_pod_explanation(report: dict) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .core.calibrate import CalibrationError, fit_overhead, parse_samples_csv
+    from .core.calibrate import CalibrationError, checked_overhead_block, fit_overhead, parse_samples_csv
 
-    margin_problem = format_decimal_error(_flag("--margin", args.margin), at_most=1)
-    if margin_problem:
-        raise PolicyError([f"--margin: {margin_problem}"])
+    margin = _margin(args)
     host_memory = None
     if args.host_memory is not None:
         if args.policy:
@@ -476,47 +512,56 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.policy:
             from .core.proposal import propose
 
-            proposal = propose(load_policies(args.policy)[0], samples, margin=Decimal(args.margin))
-            fit = proposal.fit
+            proposal = propose(_chosen_policy(args, args.policy), samples, margin=margin)
+            fit, block = proposal.fit, proposal.overhead
         else:
-            fit = fit_overhead(samples, margin=Decimal(args.margin), assumed_host_mib=host_memory)
+            from .core.defaults import DEFAULT_MARGIN
+
+            fit = fit_overhead(samples, margin=DEFAULT_MARGIN if margin is None else margin,
+                               assumed_host_mib=host_memory)
+            block = checked_overhead_block(fit.overhead_block())
     except CalibrationError as exc:
         _print_problems([f"{args.samples}: {p}" for p in exc.problems])
         return EXIT_INVALID
-    report = {
-        "overhead": proposal.overhead if proposal else fit.overhead_block(),
-        "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib],
-    }
+    report = {"overhead": block, "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib]}
     if fit.max_guest_daemons_mib is not None:
         report["maxGuestDaemonsMiB"] = format(Decimal(fit.max_guest_daemons_mib).normalize(), "f")
-    notes = list(proposal.notes if proposal else fit.notes)
-    if notes:
-        report["notes"] = notes
     if proposal is not None:
-        report["classes"] = [c.as_dict() for c in proposal.classes]
-        if proposal.host_raised_mib:
-            report["hostRaisedMiB"] = proposal.host_raised_mib
+        report.update({k: v for k, v in proposal.as_dict().items() if k != "overhead"})
+    else:
+        report["largestSurveyedVmMiB"] = format(fit.largest_vm_mib.normalize(), "f")
+        if fit.notes:
+            report["notes"] = list(fit.notes)
+    _plot_if_asked(args, fit, proposal)
     if args.output == "json":
         print(json.dumps(report, indent=2))
-        return EXIT_INVALID if proposal is not None and proposal.uncovered else EXIT_OK
+        return EXIT_OK if proposal is None else _proposal_verdict(proposal)
     print("# Fitted overhead function (upper envelope: every sample covered).")
     print("# Paste under spec: in a KataSizingPolicy.")
     sys.stdout.write(yamlout.dump({"overhead": report["overhead"]}))
     print("# Residuals per sample (line above measurement, MiB): " + ", ".join(report["residualsMiB"]))
-    for note in notes:
-        print(f"# note: {note}")
-    for c in report.get("classes", []):
-        line = (f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, podFixed {c['podFixed']['cpu']}/"
-                f"{c['podFixed']['memory']} (now {c['podFixedBefore']['cpu']}/{c['podFixedBefore']['memory']})")
-        if c.get("minHeadroomBytes") is not None:
-            line += (f"; {c['podsMeasured']} measured pod(s), the least headroom {_mib_text(c['minHeadroomBytes'])} "
-                     f"({c['minHeadroomPod']})")
-        print(line)
-    if proposal is not None and proposal.uncovered:
-        _print_problems([f"class {c.name}: pod {c.min_headroom_pod} would not fit under its cgroup limit "
-                         f"({_mib_text(c.min_headroom_bytes)} headroom)" for c in proposal.uncovered])
-        return EXIT_INVALID
-    return EXIT_OK
+    if proposal is None:
+        for note in fit.notes:
+            print(f"# note: {note}")
+        return EXIT_OK
+    for line in _proposal_lines(proposal):
+        print(f"# {line}")
+    return _proposal_verdict(proposal)
+
+
+def _plot_if_asked(args: argparse.Namespace, fit, proposal) -> None:
+    """--plot FILE: the fit drawn (core-free: matplotlib is imported here only, when asked)."""
+    if getattr(args, "plot", None) is None:
+        return
+    from .plot import PlotUnavailable, plot_fit
+
+    _flag("--plot", args.plot)
+    try:
+        plot_fit(fit, proposal, args.plot)
+    except PlotUnavailable as exc:
+        raise InputError(str(exc)) from None
+    except OSError as exc:
+        raise InputError(f"--plot: {args.plot}: cannot write ({exc.strerror or exc})") from None
 
 
 def _mib_text(size_bytes: int) -> str:
@@ -528,7 +573,7 @@ def _mib_text(size_bytes: int) -> str:
 def cmd_survey(args: argparse.Namespace) -> int:
     """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
     from .core.sizing import size_policy
-    from .core.survey import readings_from, survey_rows, to_csv
+    from .core.survey import PodIndex, SurveyInputError, readings_from, survey_rows, to_csv
 
     if not 0 < args.timeout <= 600:
         raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 600")
@@ -536,23 +581,28 @@ def cmd_survey(args: argparse.Namespace) -> int:
     sizing = size_policy(policy)
     if sizing.errors:
         raise PolicyError([str(p) for p in sizing.errors])
-    runtime_classes = {c.runtime_class for c in sizing.classes}
-    if args.summary:
-        if not args.pods:
-            raise InputError("--summary needs --pods PODS.yaml (kubectl get pods -A -o yaml): the pods' limits "
-                             "and classes are in their specs, not in the Summary")
-        summaries, pods, source = _saved_summaries(args), _saved_pods(args.pods), "saved Summaries"
-    else:
-        if args.pods:
-            raise InputError("--pods goes with --summary; without them the cluster is read")
-        summaries, pods, fetch_notes = _cluster_summaries(runtime_classes, args.timeout)
-        _print_problems(fetch_notes, "note")
-        source = "the cluster (kubelet Summaries through the API server)"
-    readings, notes = readings_from(summaries, pods, runtime_classes)
+    index = PodIndex({c.runtime_class for c in sizing.classes})
+    try:
+        if args.summary:
+            if not args.pods:
+                raise InputError("--summary needs --pods PODS.yaml (kubectl get pods -A -o yaml): the pods' limits "
+                                 "and classes are in their specs, not in the Summary")
+            for path in dict.fromkeys(args.pods):
+                _saved_pods(path, index)
+            summaries, source = _saved_summaries(args), "saved Summaries"
+        else:
+            if args.pods:
+                raise InputError("--pods goes with --summary; without them the cluster is read")
+            summaries, fetch_notes = _cluster_summaries(index, args.timeout)
+            _print_problems(fetch_notes, "note")
+            source = "the cluster (kubelet Summaries through the API server)"
+        readings, notes = readings_from(summaries, index)
+    except SurveyInputError as exc:
+        raise InputError(str(exc)) from None
     rows, row_notes = survey_rows(readings, sizing)
-    _print_problems(notes + row_notes, "note")
+    _print_problems(notes + index.notes() + row_notes, "note")
     if not rows:
-        print(f"error: no pod of policy {policy.name}'s classes ({', '.join(sorted(runtime_classes))}) was "
+        print(f"error: no pod of policy {policy.name}'s classes ({', '.join(sorted(index.runtime_classes))}) was "
               f"measured in {source}", file=sys.stderr)
         return EXIT_INVALID
     nodes = len({row.node for row in rows})
@@ -565,43 +615,100 @@ def cmd_survey(args: argparse.Namespace) -> int:
 
 
 def _saved_summaries(args: argparse.Namespace) -> list[tuple[str, object]]:
-    found = []
+    """The Summaries, one per node: a file given twice is read once (said), two files of one node
+    are refused (which one is the node's?)."""
+    found, paths_of = [], {}
     for path in args.summary:
+        if path in paths_of.values():
+            print(f"note: {bounded.printable(path)} is given twice; it is read once", file=sys.stderr)
+            continue
         document = bounded.load_json(read_text(path), path)
         node = ((document.get("node") or {}) if isinstance(document, dict) else {}).get("nodeName")
         if not isinstance(node, str) or not node:
             raise InputError(f"{path}: not a kubelet Summary (no node.nodeName); save one with "
                              "kubectl get --raw /api/v1/nodes/NODE/proxy/stats/summary")
+        from .core.kubegrammar import dns_subdomain_problem
+
+        problem = dns_subdomain_problem(node)
+        if problem:
+            raise InputError(f"{path}: node.nodeName: {problem}")
+        if node in paths_of:
+            raise InputError(f"{paths_of[node]} and {path} are both Summaries of node {node}: give one per node")
+        paths_of[node] = path
         found.append((node, document))
     return found
 
 
-def _saved_pods(path: str) -> list[dict]:
-    from .core.audit import AuditError, pods_from_documents
-
+def _lines(path: str):
+    """The lines of a file, read as they are needed (a pod list may be far larger than other inputs)."""
     try:
-        return [pod for _, pod in pods_from_documents(load_yaml_documents(path), path)]
+        handle = open(path, encoding="utf-8", newline="")
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    with handle:
+        try:
+            yield from handle
+        except (OSError, ValueError) as exc:
+            raise _unreadable(path, exc) from None
+
+
+def _saved_pods(path: str, index) -> None:
+    """`kubectl get pods -A -o yaml` into `index`, a pod at a time (core/podlist.py); text laid out
+    otherwise (JSON, several documents) is read whole, within the 4 MiB of any input."""
+    from .core.audit import AuditError, pods_from_documents
+    from .core.podlist import SPLIT, NotStreamable, read_pod_list
+
+    def wanted(text: str) -> bool:
+        # Only a pod with a runtimeClassName can be a Kata pod (an escape could hide the key's text).
+        return "runtimeClassName" in text or "\\" in text
+
+    if path != "-":
+        try:
+            for where, pod in read_pod_list(_lines(path), path, wanted):
+                index.add(pod, where)
+            return
+        except NotStreamable:
+            pass
+    try:
+        text = read_text(path)
+    except InputError as exc:
+        raise InputError(f"{exc}; a pod list larger than that must be a List as kubectl writes it (-o yaml), or "
+                         f"{SPLIT}") from None
+    try:
+        pods = pods_from_documents(bounded.load_yaml_documents(text, path), path)
     except AuditError as exc:
         raise InputError(str(exc)) from None
+    for where, pod in pods:
+        if isinstance(pod, dict) and pod.get("kind") not in (None, "Pod"):
+            raise InputError(f"{where}: kind {str(pod.get('kind'))[:40]!r} is not a Pod or a List of Pods; save the "
+                             "pods with kubectl get pods -A -o yaml")
+        index.add(pod, where)
+    if not index.pods:
+        raise InputError(f"{path}: holds no Pod; save the pods with kubectl get pods -A -o yaml")
 
 
-def _cluster_summaries(runtime_classes: set[str], timeout_s: float) -> tuple[list, list[dict], list[str]]:
-    """The pods from the API server, and the Summary of each node running one of them (through
-    the API server's node proxy, as `kubectl get --raw` reads it: the CLI runs where kubectl does,
-    not necessarily where the kubelets are reachable)."""
+def _cluster_summaries(index, timeout_s: float) -> tuple[list, list[str]]:
+    """The pods from the API server (a page at a time, into `index`), and the Summary of each node
+    running one of them (through the API server's node proxy, as `kubectl get --raw` reads it: the
+    CLI runs where kubectl does, not necessarily where the kubelets are reachable)."""
     import asyncio
 
     from .controller.kube import ApiError, KubeApi  # the kubernetes client loads only here
-    from .core.survey import kata_pods_by_node
 
-    async def read() -> tuple[list, list[dict], list[str]]:
+    async def read() -> tuple[list, list[str]]:
         try:
             api = await KubeApi.connect()
         except Exception as exc:  # noqa: BLE001 - the client's config errors have no common type
             raise InputError(f"cannot connect to the cluster: {exc}") from None
         try:
-            pods = await api.list_all("Pod")
-            by_node, _ = kata_pods_by_node(pods, runtime_classes)
+            continue_token, number = None, 0
+            while True:
+                page, _, continue_token = await api.list_page("Pod", 500, continue_token)
+                for pod in page:
+                    index.add(pod, f"pods[{number}]")
+                    number += 1
+                if not continue_token:
+                    break
             limit = asyncio.Semaphore(8)
             notes: list[str] = []
 
@@ -613,8 +720,8 @@ def _cluster_summaries(runtime_classes: set[str], timeout_s: float) -> tuple[lis
                         notes.append(f"node {node} skipped: {exc}")
                         return None
 
-            found = await asyncio.gather(*(one(node) for node in sorted(by_node)))
-            return [f for f in found if f is not None], pods, notes
+            found = await asyncio.gather(*(one(node) for node in sorted(index.by_node)))
+            return [f for f in found if f is not None], notes
         except ApiError as exc:
             raise InputError(f"cannot read the pods: {exc}") from None
         finally:
@@ -848,6 +955,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--proposal", metavar="SURVEY.csv",
                         help="print the values overlay's diff with the overhead refitted from a survey "
                              "(kata-sizing survey), for a GitOps change")
+    render.add_argument("--margin", help="with --proposal: the margin of the refit (default: the policy's overhead.margin)")
+    render.add_argument("--plot", metavar="FILE.svg", help="with --proposal: draw the fit (see calibrate --plot)")
     render.add_argument("--node-name", default="node", help=argparse.SUPPRESS)
     render.set_defaults(func=cmd_render)
 
@@ -875,7 +984,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = sub.add_parser("calibrate", help="fit the overhead function from survey rows")
     calibrate.add_argument("samples", metavar="SAMPLES.csv")
-    calibrate.add_argument("--margin", default="0.10", help="safety margin for the printed block")
+    calibrate.add_argument("--margin", help="safety margin on the guest budget and the host side (default: the "
+                           "policy's overhead.margin with --policy, else 0.10)")
+    calibrate.add_argument("--policy-name", help="which policy, when --policy holds several")
+    calibrate.add_argument("--plot", metavar="FILE.svg",
+                           help="draw the fit (samples, line, classes) to an SVG or PNG; needs the plot extra "
+                                "(pip install 'kata-sizing[plot]')")
     calibrate.add_argument("--policy", metavar="POLICY.yaml",
                            help="refit this policy: the classes' podFixed, each checked against the measured pods")
     calibrate.add_argument("--host-memory", metavar="QUANTITY",
@@ -889,7 +1003,9 @@ def build_parser() -> argparse.ArgumentParser:
     survey.add_argument("--summary", metavar="SUMMARY.json", action="append", default=[],
                         help="a saved Summary (kubectl get --raw /api/v1/nodes/NODE/proxy/stats/summary), "
                              "repeatable; without it the cluster of KUBECONFIG is read")
-    survey.add_argument("--pods", metavar="PODS.yaml", help="with --summary: kubectl get pods -A -o yaml")
+    survey.add_argument("--pods", metavar="PODS.yaml", action="append", default=[],
+                        help="with --summary: kubectl get pods -A -o yaml (repeatable: a list split by namespace "
+                             "or node)")
     survey.add_argument("--policy-name", help="which policy, when the file holds several")
     survey.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per Summary read (default 10)")
     survey.set_defaults(func=cmd_survey)

@@ -321,6 +321,8 @@ class MeasurementLoop:
                                     for n in nodes if n in self.state.nodes),
                 "podsWithoutLimit": sum(self.state.nodes[n].without_limit_by_class.get(runtime_class, 0)
                                         for n in nodes if n in self.state.nodes),
+                "podsNotMeasured": sum(self.state.nodes[n].not_measured_by_class.get(runtime_class, 0)
+                                       for n in nodes if n in self.state.nodes),
                 "podsUnderThreshold": sum(1 for found in low if found.runtime_class == runtime_class),
                 "samples": figures.samples if figures else 0,
             }

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 
+from kata_sizing.core.kubegrammar import UINT64_MAX, name_problem
 from kata_sizing.core.quantity import MIB
 
 __all__ = [
@@ -98,6 +99,10 @@ MAX_ROWS = 10_000
 MAX_CELL_CHARS = 32
 MAX_TEXT_CHARS = 320  # namespace/name: 63 + 1 + 253
 MAX_LINE_CHARS = 1024
+# What a kubelet and a policy can carry (docs/inputs.md): the Summary's figures are uint64 bytes, and
+# a size in MiB must be a memory quantity the API server takes (at most 2^63 - 1 bytes).
+MAX_BYTES = UINT64_MAX
+MAX_MIB = (2**63 - 1) // MIB
 
 
 class CalibrationError(ValueError):
@@ -197,11 +202,22 @@ class Sample:
         return Fraction(held, MIB) - Fraction(self.vm_nominal_mib)
 
 
+_UPPER_BOUNDS = (
+    *((name, MAX_MIB, "memory quantity, in MiB") for name in _COLUMNS[:4]),
+    *((name, MAX_BYTES, "figure a kubelet reports: uint64") for name in (_COLUMNS[4], *HOST_COLUMNS)),
+)
+
+
 def _row_rules(sample: Sample) -> list[str]:
     problems = [
         f"{name} {getattr(sample, name)} is negative"
         for name in (*_COLUMNS, *HOST_COLUMNS)
         if getattr(sample, name) is not None and getattr(sample, name) < 0
+    ]
+    problems += [
+        f"{name} {getattr(sample, name)} is above {limit} (the largest {what})"
+        for name, limit, what in _UPPER_BOUNDS
+        if getattr(sample, name) is not None and getattr(sample, name) > limit
     ]
     if problems:
         return problems
@@ -346,17 +362,21 @@ def _required(value: Decimal | None) -> Decimal:
     return value
 
 
-_TEXT = re.compile(r"[A-Za-z0-9._/-]*", re.ASCII)
+# The text columns and the Kubernetes name each holds (kubegrammar.name_problem).
+_TEXT_KINDS = {"node": "node", "pod": "pod", "class": "class"}
 
 
 def _text(column: str, text: str) -> tuple[str | None, str | None]:
-    """A node, pod (namespace/name) or class name: Kubernetes names, so letters, digits, '.', '-',
-    '/' (and '_' for good measure); anything else is not a name and is refused, not printed."""
+    """A node, pod (namespace/name) or class name, as the API server writes them: anything else
+    (a quote, a comma, a line break) is not a name and is refused, not printed."""
     if len(text) > MAX_TEXT_CHARS:
         return None, f"{column}: {text[:MAX_CELL_CHARS]!r}... is longer than {MAX_TEXT_CHARS} characters"
-    if not _TEXT.fullmatch(text):
-        return None, f"{column}: {text[:MAX_CELL_CHARS]!r} is not a Kubernetes name"
-    return text or None, None
+    if not text:
+        return None, None
+    problem = name_problem(_TEXT_KINDS[column], text)
+    if problem:
+        return None, f"{column}: {problem}"
+    return text, None
 
 
 def _parse_header(number: int, text: str) -> tuple[list[str], list[str]]:
@@ -401,19 +421,39 @@ class Fit:
     margin: Decimal
     assumed_host_mib: int | None = None
     notes: tuple[str, ...] = ()
+    # What the line was fitted to, for a reader and the plot: (vm_nominal_mib, unusable MiB) per guest
+    # point, (vm_nominal_mib, host MiB) per fully resident row.
+    guest_points: tuple[tuple[Decimal, Decimal], ...] = ()
+    host_points: tuple[tuple[Decimal, Decimal], ...] = ()
+    # The exact largest host side measured (host_mib is it rounded up), None when none was.
+    measured_host_exact_mib: Fraction | None = None
+
+    @property
+    def largest_vm_mib(self) -> Decimal:
+        """The largest VM the guest line was fitted on: beyond it the line is extrapolated."""
+        return max(x for x, _ in self.guest_points)
 
     def unusable_mib(self, vm_mib: int | Decimal) -> Decimal:
         """The fitted unusable memory of a VM of `vm_mib` MiB."""
         return self.base_mib + self.ratio * Decimal(vm_mib)
 
+    @property
+    def host_with_margin_mib(self) -> int | None:
+        """The largest measured host side with the margin, rounded up: a pod holding exactly the
+        largest host side measured would otherwise have no headroom at all."""
+        if self.measured_host_exact_mib is None:
+            return None
+        return math.ceil(self.measured_host_exact_mib * (1 + Fraction(self.margin)))
+
     def overhead_block(self) -> dict[str, str]:
-        """The policy's `spec.overhead` fields, ready to paste."""
+        """The policy's `spec.overhead` fields, ready to paste (checked_overhead_block says whether a
+        policy takes them)."""
         block = {
             "guestMemoryBase": f"{self.base_mib}Mi",
             "guestMemoryRatio": str(self.ratio),
         }
-        if self.host_mib is not None:
-            block["hostMemory"] = f"{self.host_mib}Mi"
+        if self.host_with_margin_mib is not None:
+            block["hostMemory"] = f"{self.host_with_margin_mib}Mi"
         block["margin"] = str(self.margin)
         return block
 
@@ -497,6 +537,7 @@ def fit_overhead(
         raise CalibrationError(f"margin {margin!r} must be a Decimal of zero or more")
     hosts = [h for h in (s.host_mib for s in samples) if h is not None]
     measured_host = math.ceil(max(hosts)) if hosts else None
+    host_points = tuple((s.vm_nominal_mib, _decimal(s.host_mib)) for s in samples if s.host_mib is not None)
     host_for_points = measured_host if measured_host is not None else assumed_host_mib
     kubelet_only = [s for s in samples if not s.measured_in_guest]
     if host_for_points is None and any(not s.resident for s in kubelet_only):
@@ -549,7 +590,26 @@ def fit_overhead(
         margin=Decimal(margin),
         assumed_host_mib=None if measured_host is not None else assumed_host_mib,
         notes=tuple(notes),
+        guest_points=tuple((Decimal(s.vm_nominal_mib), _decimal(y)) for s, y in guest),
+        host_points=host_points,
+        measured_host_exact_mib=max(hosts) if hosts else None,
     )
+
+
+def checked_overhead_block(block: dict[str, str]) -> dict[str, str]:
+    """`block` if a policy takes it as its spec.overhead, else CalibrationError naming each field and
+    the rule (a measured host side of 0, a size past what a quantity holds): a fit prints nothing a
+    policy would refuse."""
+    from pydantic import ValidationError
+
+    from .model import Overhead, validation_problems
+
+    try:
+        Overhead.model_validate(block)
+    except ValidationError as exc:
+        raise CalibrationError([f"the fitted spec.overhead is not one a policy takes: {path}: {message}"
+                                for path, message in validation_problems(exc, "overhead")]) from None
+    return block
 
 
 def _describe(edge: tuple[Point, Point], guest: Sequence[tuple[Sample, Fraction]]) -> str:

@@ -70,7 +70,8 @@ _HOST_MEMORY_MIB = 50
 # [rs-ratio]: 0.2 vCPU shipped overhead is ~80% of kata-deploy's 250m podFixed -> 50m host.
 _HOST_CPU = Decimal("0.05")
 # Project choice: 10% head-room on the guest budget.
-_MARGIN = Decimal("0.10")
+DEFAULT_MARGIN = Decimal("0.10")
+_MARGIN = DEFAULT_MARGIN
 
 OVERHEAD_DEFAULTS: dict[Family, OverheadDefaults] = {
     Family.STANDARD: OverheadDefaults(

@@ -5,6 +5,7 @@ field without importing the measurement."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -14,6 +15,9 @@ from .quantity import MIB, QuantityError, memory_bytes
 def mib_text(size_bytes: int) -> str:
     """Bytes as MiB with one decimal, as events and messages print them."""
     return f"{Decimal(size_bytes) / MIB:.1f}Mi"
+
+
+_PERCENT = re.compile(r"[0-9]+(\.[0-9]+)?%", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,11 @@ class HeadroomThreshold:
         """`10%` (of podFixed.memory) or a memory quantity (`64Mi`); ValueError says why not."""
         text = text.strip()
         if text.endswith("%"):
-            try:
-                percent = Decimal(text[:-1])
-            except ArithmeticError:
-                raise ValueError(f"{text!r} is not a percentage such as 10%") from None
-            if not percent.is_finite() or not 0 <= percent <= 100:
+            # ASCII digits only, as the API server's quantities: Decimal() alone would read "１０%" and "1_0%" as 10%.
+            if not _PERCENT.fullmatch(text):
+                raise ValueError(f"{text!r} is not a percentage such as 10% (ASCII digits, an optional fraction)")
+            percent = Decimal(text[:-1])
+            if not 0 <= percent <= 100:
                 raise ValueError(f"{text!r} must be between 0% and 100% of podFixed.memory")
             return cls(fraction=percent / 100)
         try:

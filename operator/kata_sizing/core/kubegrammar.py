@@ -121,3 +121,50 @@ def duplicate_tolerations(tolerations: Sequence[Mapping[str, object]]) -> list[t
         else:
             seen[identity] = index
     return pairs
+
+
+# --- what the API server and a kubelet send back ---------------------------------------------------
+
+# The kubelet's Summary (k8s.io/kubelet/pkg/apis/stats/v1alpha1) carries every byte figure as a
+# *uint64: nothing above this comes from a kubelet.
+UINT64_MAX = 2**64 - 1
+
+
+def dns_subdomain_problem(text: object) -> str | None:
+    """Why `text` is not a DNS-1123 subdomain (IsDNS1123Subdomain: node, pod and RuntimeClass names), or None."""
+    if not isinstance(text, str):
+        return f"{_described(text)} is not a name (a string)"
+    if not text or len(text) > DNS_SUBDOMAIN_MAX_LENGTH or not DNS_SUBDOMAIN.fullmatch(text):
+        return (f"{_quoted(text)} is not a DNS subdomain (at most {DNS_SUBDOMAIN_MAX_LENGTH} lower-case letters, "
+                "digits, '-' and '.', starting and ending with a letter or digit)")
+    return None
+
+
+def dns_label_problem(text: object) -> str | None:
+    """Why `text` is not a DNS-1123 label (IsDNS1123Label: namespaces, class names), or None."""
+    if not isinstance(text, str):
+        return f"{_described(text)} is not a name (a string)"
+    if not is_dns_label(text):
+        return (f"{_quoted(text)} is not a DNS label (at most {DNS_LABEL_MAX_LENGTH} lower-case letters, digits "
+                "and '-', starting and ending with a letter or digit)")
+    return None
+
+
+def name_problem(kind: str, text: object) -> str | None:
+    """Why `text` is not a name of this kind as the API server stores it, or None: `node` (a DNS
+    subdomain), `pod` (namespace/name: a DNS label, '/', a DNS subdomain), `class` (a DNS label)."""
+    if kind == "pod":
+        if not isinstance(text, str) or text.count("/") != 1:
+            return f"{_quoted(str(text))} is not a pod (namespace/name)"
+        namespace, name = text.split("/")
+        problem = dns_label_problem(namespace) or dns_subdomain_problem(name)
+        return f"{_quoted(text)} is not a pod (namespace/name): {problem}" if problem else None
+    return dns_subdomain_problem(text) if kind == "node" else dns_label_problem(text)
+
+
+def _described(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"the {type(value).__name__} {str(value)[:40]!r}"

@@ -28,6 +28,7 @@ from datetime import datetime
 
 from .defaults import KUBELET_MAX_REFRESH_S
 from .headroom import HeadroomThreshold, mib_text
+from .kubegrammar import UINT64_MAX
 from .podfit import PodInputError, PodLimits, pod_limits, pod_spec_of
 from .quantity import QuantityError, memory_bytes
 
@@ -88,20 +89,36 @@ def kata_pod(pod: Mapping, runtime_classes: Container[str] | None, limits: PodLi
     (None: of any runtime class), has finished, or its spec cannot be read (the API server
     validated it; nothing to measure). `limits`: podfit.pod_limits of its spec, when the caller
     has them already."""
+    return read_kata_pod(pod, runtime_classes, limits)[0]
+
+
+def read_kata_pod(
+    pod: Mapping, runtime_classes: Container[str] | None, limits: PodLimits | None = None,
+) -> tuple[KataPod | None, str | None]:
+    """kata_pod, and why a pod of one of `runtime_classes` that has not finished cannot be
+    measured (its spec cannot be read), for a report that names it."""
     spec = pod.get("spec") or {}
     meta = pod.get("metadata") or {}
     runtime_class = spec.get("runtimeClassName") if isinstance(spec, Mapping) else None
-    if not runtime_class or (runtime_classes is not None and runtime_class not in runtime_classes):
-        return None
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-        return None
+    # A list or mapping here is no RuntimeClass name (and unhashable): not a pod of these classes.
+    if not isinstance(runtime_class, str) or not runtime_class or (
+            runtime_classes is not None and runtime_class not in runtime_classes):
+        return None, None
+    status = pod.get("status")
+    if isinstance(status, Mapping) and status.get("phase") in ("Succeeded", "Failed"):
+        return None, None
+    if not isinstance(meta, Mapping):
+        return None, "metadata is not a mapping"
+    node = spec.get("nodeName")
+    if node is not None and not isinstance(node, str):
+        return None, "spec.nodeName is not a string"
     try:
         spec = pod_spec_of(pod)
         if limits is None:
             limits = pod_limits(spec)
         overhead = memory_bytes(((spec.get("overhead") or {}).get("memory")) or 0)
-    except (PodInputError, QuantityError, AttributeError, TypeError):
-        return None
+    except (PodInputError, QuantityError, AttributeError, TypeError) as exc:
+        return None, f"its spec cannot be read: {exc}"
     containers = tuple(str(c.get("name")) for c in spec.get("containers") or [] if isinstance(c, Mapping))
     sidecars = tuple(
         str(c.get("name")) for c in spec.get("initContainers") or []
@@ -110,13 +127,13 @@ def kata_pod(pod: Mapping, runtime_classes: Container[str] | None, limits: PodLi
         uid=str(meta.get("uid") or ""),
         pod=f"{meta.get('namespace') or 'default'}/{meta.get('name')}",
         runtime_class=runtime_class,
-        node=spec.get("nodeName") or None,
+        node=node or None,
         memory_limit_bytes=None if limits.memory_missing else (limits.memory_bytes or 0),
         pod_fixed_memory_bytes=overhead,
         containers=sidecars + containers,
         set_cpu_millis=limits.cpu_millis,
         set_memory_bytes=limits.memory_bytes,
-    )
+    ), None
 
 
 # --- one Summary -------------------------------------------------------------------------------
@@ -154,8 +171,9 @@ class NodeReading:
     node: str
     measurements: tuple[PodMeasurement, ...]
     # Kata pods the cache places on this node that the Summary does not list (just started,
-    # or gone): not measured this time.
+    # or gone): not measured this time; with the runtime class of each, in the same order.
     not_reported: tuple[str, ...] = ()
+    not_reported_runtime_classes: tuple[str, ...] = ()
     # Pods the Summary lists that the pod cache does not know (created or deleted a moment
     # ago); the first MAX_NAMED by name, and how many in all.
     unknown: tuple[str, ...] = ()
@@ -165,15 +183,22 @@ class NodeReading:
 
 
 def _uint(stats: object, key: str) -> int | None:
-    """A uint64 field of a stats block; None when the block or the field is missing or not a
-    non-negative integer (the kubelet omits fields the runtime does not report)."""
+    """A uint64 field of a stats block; None when the block or the field is missing or not an
+    integer a kubelet can send, 0 to 2^64 - 1 (the kubelet omits fields the runtime does not report)."""
     # dict, not Mapping: a parsed Summary holds dicts, and this runs for every pod and container.
     if not isinstance(stats, dict):
         return None
     value = stats.get(key)
-    if type(value) is not int or value < 0:  # bool is not int here, nor is a float
+    if type(value) is not int or not 0 <= value <= UINT64_MAX:  # bool is not int here, nor is a float
         return None
     return value
+
+
+def _missing(stats: object, key: str, what: str, when_absent: str) -> str:
+    """Why `_uint` found no figure: absent, or present but not a uint64."""
+    if isinstance(stats, dict) and stats.get(key) is not None:
+        return f"{what} {str(stats.get(key))[:40]} is not a figure a kubelet sends (an integer from 0 to 2^64 - 1)"
+    return when_absent
 
 
 def _time(text: object) -> datetime | None:
@@ -220,7 +245,9 @@ def _containers_working_set(entry: dict, expected: tuple[str, ...]) -> tuple[int
     for name, (_, container) in sorted(latest.items()):
         working_set = _uint(container.get("memory"), "workingSetBytes")
         if working_set is None:
-            problems.append(f"container {name} has no memory.workingSetBytes")
+            problems.append(_missing(container.get("memory"), "workingSetBytes",
+                                     f"container {name}'s memory.workingSetBytes",
+                                     f"container {name} has no memory.workingSetBytes"))
         else:
             total += working_set
     if not problems and latest:
@@ -280,10 +307,11 @@ def read_summary(
             continue  # a pod listed twice: the first entry is the one measured
         seen.add(pod.uid)
         measurements.append(_measure(pod, entry))
-    not_reported = tuple(sorted(p.pod for uid, p in kata_pods.items() if uid not in seen))
+    missing = sorted((p.pod, p.runtime_class) for uid, p in kata_pods.items() if uid not in seen)
     return NodeReading(
         node=node, measurements=tuple(sorted(measurements, key=lambda m: m.pod.pod)),
-        not_reported=not_reported, unknown=tuple(sorted(unknown)), unknown_count=unknown_count,
+        not_reported=tuple(pod for pod, _ in missing),
+        not_reported_runtime_classes=tuple(runtime_class for _, runtime_class in missing), unknown=tuple(sorted(unknown)), unknown_count=unknown_count,
         other_pods=other, problems=tuple(problems))
 
 
@@ -293,7 +321,8 @@ def _measure(pod: KataPod, entry: Mapping) -> PodMeasurement:
     usage = _uint(memory, "usageBytes")
     problems = []
     if working_set is None:
-        problems.append("the pod has no memory.workingSetBytes (the kubelet has not measured its cgroup yet)")
+        problems.append(_missing(memory, "workingSetBytes", "the pod's memory.workingSetBytes",
+                                 "the pod has no memory.workingSetBytes (the kubelet has not measured its cgroup yet)"))
     containers, container_problems = _containers_working_set(entry, pod.containers)
     problems += container_problems
     if pod.memory_limit_bytes is None:
@@ -517,6 +546,8 @@ class NodeRecord:
     measured_at: float | None = None
     pods_by_class: Mapping[str, int] = field(default_factory=dict)
     without_limit_by_class: Mapping[str, int] = field(default_factory=dict)
+    # Pods of a class the last reading could not measure: not in the Summary, or without figures.
+    not_measured_by_class: Mapping[str, int] = field(default_factory=dict)
     low: tuple[LowHeadroom, ...] = ()
     unknown_count: int = 0
     error: str | None = None
@@ -551,12 +582,17 @@ class MeasurementState:
         runtime classes are measured; a pod of any other is ignored."""
         pods: dict[str, int] = {}
         without_limit: dict[str, int] = {}
+        not_measured: dict[str, int] = {}
+        for runtime_class in reading.not_reported_runtime_classes:
+            not_measured[runtime_class] = not_measured.get(runtime_class, 0) + 1
         low = []
         for measurement in reading.measurements:
             runtime_class = measurement.pod.runtime_class
             if runtime_class not in window_s:
                 continue
             pods[runtime_class] = pods.get(runtime_class, 0) + 1
+            if measurement.working_set_bytes is None:
+                not_measured[runtime_class] = not_measured.get(runtime_class, 0) + 1
             if measurement.pod.cgroup_limit_bytes is None:
                 without_limit[runtime_class] = without_limit.get(runtime_class, 0) + 1
             self.window(runtime_class, window_s[runtime_class]).add(measurement, reading.node, at)
@@ -571,8 +607,8 @@ class MeasurementState:
                     measurement.working_set_bytes or 0, measurement.pod.cgroup_limit_bytes or 0, limit, at,
                     uid=measurement.pod.uid))
         self.nodes[reading.node] = NodeRecord(
-            measured_at=at, pods_by_class=pods, without_limit_by_class=without_limit, low=tuple(low),
-            unknown_count=reading.unknown_count)
+            measured_at=at, pods_by_class=pods, without_limit_by_class=without_limit,
+            not_measured_by_class=not_measured, low=tuple(low), unknown_count=reading.unknown_count)
 
     def add_failure(self, node: str, error: str, at: float) -> None:
         """A read that failed: the node's last good reading stands (a pod under threshold stays
@@ -580,7 +616,8 @@ class MeasurementState:
         before = self.nodes.get(node, NodeRecord())
         self.nodes[node] = NodeRecord(
             measured_at=before.measured_at, pods_by_class=before.pods_by_class,
-            without_limit_by_class=before.without_limit_by_class, low=before.low,
+            without_limit_by_class=before.without_limit_by_class,
+            not_measured_by_class=before.not_measured_by_class, low=before.low,
             unknown_count=before.unknown_count, error=error, error_at=at, failures=before.failures + 1)
 
     def forget_nodes(self, keep: Iterable[str]) -> None:
@@ -601,6 +638,10 @@ class MeasurementState:
     def pods_measured(self, runtime_class: str) -> int:
         """Pods of the class in each node's last good reading."""
         return sum(record.pods_by_class.get(runtime_class, 0) for record in self.nodes.values())
+
+    def pods_not_measured(self, runtime_class: str) -> int:
+        """Pods of the class each node's last reading could not measure (docs/measurement.md)."""
+        return sum(record.not_measured_by_class.get(runtime_class, 0) for record in self.nodes.values())
 
     def pods_without_limit(self, runtime_class: str) -> int:
         return sum(record.without_limit_by_class.get(runtime_class, 0) for record in self.nodes.values())

@@ -818,6 +818,9 @@ class MeasuredClass(_Status):
     runtime_class: str = Field(description="Its RuntimeClass.")
     pods_measured: int = Field(default=0, description="Pods of the class in each node's latest reading.")
     pods_without_limit: int = Field(default=0, description="... of them without a memory limit (no headroom).")
+    pods_not_measured: int = Field(
+        default=0, description="Pods of the class on the nodes read that the last reading could not measure (not in "
+        "the Summary yet, or without figures).")
     pods_under_threshold: int = Field(default=0, description="... of them with headroom under spec.measurement.headroomWarning.")
     samples: int = Field(default=0, description="Pod readings in the window.")
     overhead_p50_bytes: int | None = Field(default=None, description="Overhead used (pod working set - containers') p50.")
@@ -870,7 +873,13 @@ class ProposedClass(_Status):
     pod_fixed_before: Resources = Field(description="podFixed as the policy sizes it now.")
     pods_measured: int = Field(default=0, description="Survey rows of this class with a memory limit.")
     min_headroom_bytes: int | None = Field(
-        default=None, description="The least headroom one of them would have under the proposed podFixed.")
+        default=None, description="The least headroom one of them would have in the VM the proposal gives it.")
+    headroom_warning_bytes: int | None = Field(
+        default=None, description="The warning line its pods are judged by under the proposed podFixed.")
+    extrapolated: bool = Field(
+        default=False, description="Its largest VM lies beyond the largest surveyed VM: the fit is extrapolated.")
+    refuted: list[str] = Field(
+        default_factory=list, description="Why the survey refutes the class's explicit guest budget, if it does.")
 
 
 class ProposalStatus(_Status):

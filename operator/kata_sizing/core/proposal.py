@@ -1,15 +1,24 @@
 """A refit of a policy's overhead function from survey rows, as a proposal (docs/measurement.md).
 
-`calibrate --policy`, `render --samples` and the operator (a survey named by
-spec.overhead.survey, proposed in status) all call `propose`; none of them changes a
-policy: the proposal is for a person or a GitOps change to apply.
+`calibrate --policy`, `render --proposal` and the operator (a survey named by spec.overhead.survey,
+proposed in status) all call `propose`, with the policy's own margin unless the command is given
+one; none of them changes a policy: the proposal is for a person or a GitOps change to apply.
 
-The fit (calibrate.fit_overhead) covers every row's unusable memory. A proposal also checks
-what a user would see: every measured pod with a memory limit must fit under the cgroup limit
-the proposal gives it (its limits + its class's proposed podFixed). Where one would not, the
-host side is raised by that pod's shortfall times (1 + margin), which raises every class's
-podFixed alike (podFixed = guest part + hostMemory in both runtimes); a class with an explicit
-podFixed is not refitted and is only reported.
+The fit (calibrate.fit_overhead) covers every row's unusable memory. A proposal also keeps the
+promises the operator then checks, for every measured pod with a memory limit:
+
+- its headroom is predicted for the VM the proposal implies: a class whose guest budget changes by
+  D MiB boots a VM D MiB larger, and a fully resident VM (confidential guests: the pod cgroup holds
+  the whole VM) then holds D MiB more in the pod cgroup. Predicted headroom = its limits + the
+  proposed podFixed - (its measured working set + D, or + 0 when the VM was not fully resident);
+- hostMemory is chosen, with the margin on the measured host side, so that every such pod stays at
+  or above the warning line it will be judged by (spec.measurement.headroomWarning, a share of the
+  proposed podFixed: the line moves with podFixed). hostMemory raises every class's podFixed alike
+  (podFixed = guest part + hostMemory in both runtimes); a class with an explicit podFixed is not
+  refitted and is only reported;
+- a class whose largest VM lies beyond the largest surveyed VM is flagged as extrapolated, and an
+  explicit guest budget (defaultMemory in the Go runtime, overheadMemory in the Rust one) that the
+  fitted line says leaves the class's largest pod less than its limit is named as refuted.
 """
 
 from __future__ import annotations
@@ -18,11 +27,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 
-from .calibrate import CalibrationError, Fit, Sample, fit_overhead
+from .calibrate import CalibrationError, Fit, Sample, checked_overhead_block, fit_overhead
+from .defaults import Runtime
+from .headroom import HeadroomThreshold, mib_text
 from .model import KataSizingPolicy, PolicyError, parse_policy
-from .quantity import MIB
-from .sizing import PolicySizing, overhead_function, size_policy
+from .quantity import MIB, format_mib
+from .sizing import (
+    ClassSizing, PolicySizing, SandboxRefused, explain_pod, guest_budget_mib, overhead_function, size_policy,
+)
 
 
 @dataclass(frozen=True)
@@ -33,19 +47,32 @@ class ClassProposal:
     pod_fixed: dict[str, str]
     guest_budget_mib: int
     explicit_pod_fixed: bool
-    # The measured pods of this class with a memory limit, and the least headroom one of them
-    # would have under the proposed podFixed (None: no such pod was measured).
+    # The measured pods of this class with a memory limit, and the least headroom one of them would
+    # have in the VM the proposal gives it (None: no such pod was measured).
     pods: int = 0
     min_headroom_bytes: int | None = None
     min_headroom_pod: str | None = None
+    # The warning line its pods are judged by under the proposed podFixed (headroomWarning).
+    warning_line_bytes: int = 0
+    largest_vm_mib: int = 0
+    envelope_memory_mib: int = 0
+    extrapolated: bool = False
+    refuted: tuple[str, ...] = ()
+
+    @property
+    def under_line(self) -> bool:
+        return self.min_headroom_bytes is not None and self.min_headroom_bytes < self.warning_line_bytes
 
     def as_dict(self) -> dict:
         found = {"name": self.name, "runtimeClass": self.runtime_class, "podFixed": self.pod_fixed,
                  "podFixedBefore": self.pod_fixed_before, "guestBudgetMiB": self.guest_budget_mib,
-                 "podsMeasured": self.pods}
+                 "largestVmMiB": self.largest_vm_mib, "extrapolated": self.extrapolated,
+                 "podsMeasured": self.pods, "headroomWarningBytes": self.warning_line_bytes}
         if self.min_headroom_bytes is not None:
             found["minHeadroomBytes"] = self.min_headroom_bytes
             found["minHeadroomPod"] = self.min_headroom_pod
+        if self.refuted:
+            found["refuted"] = list(self.refuted)
         return found
 
 
@@ -59,13 +86,26 @@ class Proposal:
     host_raised_for: str | None = None
     notes: tuple[str, ...] = ()
     refitted: KataSizingPolicy | None = None
+    margin: Decimal = Decimal("0.10")
+    threshold: HeadroomThreshold = HeadroomThreshold()
+    host_memory_mib: int = 0  # the hostMemory the proposal sizes with (proposed, or the policy's)
 
     @property
     def uncovered(self) -> list[ClassProposal]:
-        return [c for c in self.classes if c.min_headroom_bytes is not None and c.min_headroom_bytes < 0]
+        """Classes with a measured pod the proposal would leave under its warning line."""
+        return [c for c in self.classes if c.under_line]
+
+    @property
+    def refuted(self) -> list[ClassProposal]:
+        return [c for c in self.classes if c.refuted]
+
+    @property
+    def surveyed_vm_mib(self) -> Decimal:
+        return self.fit.largest_vm_mib
 
     def as_dict(self) -> dict:
-        found = {"overhead": dict(self.overhead), "rows": self.rows,
+        found = {"overhead": dict(self.overhead), "rows": self.rows, "margin": str(self.margin),
+                 "headroomWarning": self.threshold.describe(), "largestSurveyedVmMiB": _plain(self.surveyed_vm_mib),
                  "classes": [c.as_dict() for c in self.classes]}
         if self.host_raised_mib:
             found["hostRaisedMiB"] = self.host_raised_mib
@@ -73,6 +113,10 @@ class Proposal:
         if self.notes:
             found["notes"] = list(self.notes)
         return found
+
+
+def _plain(value: Decimal) -> str:
+    return format(value.normalize(), "f")
 
 
 def with_overhead(policy: KataSizingPolicy, block: dict[str, str]) -> KataSizingPolicy:
@@ -99,68 +143,141 @@ def _limits_bytes(sample: Sample) -> int:
     return math.ceil(sample.container_limit_mib * MIB)
 
 
-def _cover(samples: Sequence[Sample], sizing: PolicySizing) -> dict[str, tuple[int, int, str]]:
-    """{class: (pods, least headroom in bytes, its pod)} under `sizing`, for the measured pods
-    that have a memory limit (a cgroup limit) and a class of the policy."""
+@dataclass(frozen=True)
+class _Pod:
+    """A measured pod with a memory limit, as the proposed sizing will see it."""
+
+    name: str
+    class_name: str
+    limits_bytes: int
+    usage_bytes: int  # its working set in the VM the proposal gives it
+
+
+def _pods(samples: Sequence[Sample], sizing: PolicySizing) -> list[_Pod]:
+    """The measured pods that have a memory limit (a cgroup limit) and a class of the policy, each
+    with its working set moved to the proposed VM: a fully resident VM holds its size change."""
     by_name = {c.name: c for c in sizing.classes}
-    found: dict[str, tuple[int, int, str]] = {}
+    pods = []
     for sample in samples:
         sized = by_name.get(sample.class_name or "")
         if sized is None or sample.pod_cgroup_limit_bytes is None or not sample.measured_by_kubelet:
             continue
-        headroom = _limits_bytes(sample) + sized.pod_fixed_memory_mib * MIB - sample.pod_working_set_bytes
-        pods, least, pod = found.get(sized.name, (0, headroom, sample.pod or f"line {sample.line}"))
-        if headroom < least:
-            least, pod = headroom, sample.pod or f"line {sample.line}"
-        found[sized.name] = (pods + 1, least, pod)
-    return found
+        limits = _limits_bytes(sample)
+        try:
+            vm = explain_pod(sizing, sized.name, None, limits).vm.memory_mib
+        except SandboxRefused:
+            continue  # Kata would not boot it under the proposal: validate says so for the class
+        delta_bytes = int((vm - sample.vm_nominal_mib) * MIB) if sample.resident else 0
+        pods.append(_Pod(sample.pod or f"line {sample.line}", sized.name, limits,
+                         sample.pod_working_set_bytes + delta_bytes))
+    return pods
+
+
+def predicted_headroom_bytes(pod: _Pod, sized: ClassSizing) -> int:
+    """What the measurement will compute for this pod in the proposed class: cgroup limit (its limits
+    + podFixed) - working set."""
+    return pod.limits_bytes + sized.pod_fixed_memory_mib * MIB - pod.usage_bytes
+
+
+def _host_for_line(pod: _Pod, guest_part_mib: int, threshold: HeadroomThreshold, margin: Decimal) -> int | None:
+    """The least hostMemory (MiB) that keeps `pod` at or above its warning line, with `margin` on what
+    it holds beyond its limits and guest part; None when no hostMemory can (a line of 100%)."""
+    beyond = Fraction(pod.usage_bytes - pod.limits_bytes - guest_part_mib * MIB)
+    if beyond > 0:
+        beyond *= 1 + Fraction(margin)
+    fraction = Fraction(threshold.fraction or 0) if threshold.fixed_bytes is None else Fraction(0)
+    if fraction >= 1:
+        return None
+    fixed = threshold.fixed_bytes or 0
+    host = max(1, math.ceil((beyond + fixed + fraction * guest_part_mib * MIB) / ((1 - fraction) * MIB)))
+    # The line is rounded up to whole bytes: step past it if the closed form landed just under.
+    while host * MIB - beyond < threshold.bytes_for((guest_part_mib + host) * MIB):
+        host += 1
+    return host
+
+
+def _refuted(sized: ClassSizing, runtime: Runtime, fit: Fit) -> tuple[str, ...]:
+    """Why the survey refutes this class's explicit guest budget, if it does: in the class's largest
+    VM the fitted line (an upper envelope of every row) has the guest keeping more than the budget
+    leaves, so its largest pod cannot use its whole limit."""
+    field, budget = (("defaultMemory", sized.default_memory_mib) if runtime is Runtime.GO
+                     else ("overheadMemory", sized.overhead_memory_mib))
+    if ("default_memory" if runtime is Runtime.GO else "overhead_memory") not in sized.explicit:
+        return ()
+    vm = sized.largest_vm.memory_mib
+    kept = fit.unusable_mib(vm)
+    usable = vm - kept
+    if usable >= sized.envelope_memory_mib:
+        return ()
+    needed = guest_budget_mib(fit.base_mib, fit.ratio, sized.envelope_memory_mib, Decimal(0))
+    return (f"{field} {format_mib(budget)} is refuted by the survey: the class's largest pod "
+            f"({sized.envelope_memory_mib} MiB) boots a VM of {vm} MiB, where the fitted line (base {fit.base_mib} "
+            f"MiB, ratio {fit.ratio}) has the guest keeping {kept:.0f} MiB, so the pod can use {usable:.0f} MiB of "
+            f"its limit; a guest budget of at least {needed} MiB (before the margin) covers it",)
 
 
 def propose(policy: KataSizingPolicy, samples: Sequence[Sample], margin: Decimal | None = None) -> Proposal:
-    """Refit `policy`'s overhead function from `samples` and check the result against every
-    measured pod; CalibrationError when the rows cannot be fitted or the result is not valid."""
+    """Refit `policy`'s overhead function from `samples` (with the policy's own margin unless one
+    is given) and check the result against every measured pod; CalibrationError when the rows
+    cannot be fitted or the result is not valid."""
     current, _ = overhead_function(policy.spec)
     margin = current.margin if margin is None else margin
+    threshold = HeadroomThreshold.parse(policy.spec.measurement.headroom_warning)
     fit = fit_overhead(samples, margin=margin, assumed_host_mib=current.host_memory_mib)
     block = fit.overhead_block()
     notes = list(fit.notes)
     before = {c.name: c for c in size_policy(policy).classes}
-    known = set(before)
-    strangers = sorted({s.class_name for s in samples if s.class_name and s.class_name not in known})
+    strangers = sorted({s.class_name for s in samples if s.class_name and s.class_name not in before})
     if strangers:
         notes.append(f"rows of class(es) {', '.join(strangers)} are not classes of policy {policy.name}: "
                      "fitted, but not checked against a podFixed")
-    refitted = with_overhead(policy, block)
+    refitted = with_overhead(policy, checked_overhead_block(block))
     sizing = _sized(refitted)
-    covered = _cover(samples, sizing)
-    host_raised, raised_for = 0, None
-    adjustable = {c.name for c in sizing.classes if "pod_fixed" not in c.explicit}
-    short = [(least, pod) for name, (_, least, pod) in covered.items() if least < 0 and name in adjustable]
-    if short:
-        least, raised_for = min(short)
-        host_raised = math.ceil(Decimal(-least) * (1 + Decimal(margin)) / MIB)
-        host = (fit.host_mib if fit.host_mib is not None else current.host_memory_mib) + host_raised
-        block = {**block, "hostMemory": f"{host}Mi"}
-        notes.append(f"hostMemory raised by {host_raised} MiB to {host} MiB: pod {raised_for} would have had "
-                     f"{-least} bytes too little under its cgroup limit")
-        refitted = with_overhead(policy, block)
+    pods = _pods(samples, sizing)
+    by_name = {c.name: c for c in sizing.classes}
+    host = sizing.overhead.host_memory_mib
+    needed, raised_for, impossible = host, None, []
+    for pod in pods:
+        sized = by_name[pod.class_name]
+        if "pod_fixed" in sized.explicit:
+            continue
+        wanted = _host_for_line(pod, sized.pod_fixed_memory_mib - host, threshold, margin)
+        if wanted is None:
+            impossible.append(pod.name)
+        elif wanted > needed:
+            needed, raised_for = wanted, pod.name
+    if impossible:
+        notes.append(f"no hostMemory keeps pod(s) {', '.join(impossible[:5])} above a headroom warning of "
+                     f"{threshold.describe()}")
+    host_raised = needed - host
+    if host_raised:
+        block = {**block, "hostMemory": f"{needed}Mi"}
+        notes.append(f"hostMemory raised by {host_raised} MiB to {needed} MiB so that every measured pod stays at or "
+                     f"above its headroom warning ({threshold.describe()}); pod {raised_for} needs it")
+        refitted = with_overhead(policy, checked_overhead_block(block))
         sizing = _sized(refitted)
-        covered = _cover(samples, sizing)
-    for name, (_, least, pod) in sorted(covered.items()):
-        if least < 0:
-            notes.append(f"class {name} has an explicit podFixed, which a refit does not change: pod {pod} "
-                         f"would be {-least} bytes over its cgroup limit")
+        by_name = {c.name: c for c in sizing.classes}
+    surveyed = fit.largest_vm_mib
     classes = []
     for sized in sizing.classes:
-        pods, least, pod = covered.get(sized.name, (0, None, None))
+        mine = [(predicted_headroom_bytes(p, sized), p.name) for p in pods if p.class_name == sized.name]
+        least, least_pod = min(mine) if mine else (None, None)
+        line = threshold.bytes_for(sized.pod_fixed_memory_mib * MIB)
+        explicit = "pod_fixed" in sized.explicit
+        if explicit and least is not None and least < line:
+            notes.append(f"class {sized.name} has an explicit podFixed, which a refit does not change: pod {least_pod} "
+                         f"would have {mib_text(least)} of headroom, under its warning line {mib_text(line)}")
         classes.append(ClassProposal(
             name=sized.name, runtime_class=sized.runtime_class, pod_fixed_before=before[sized.name].pod_fixed,
-            pod_fixed=sized.pod_fixed, guest_budget_mib=sized.guest_budget_mib,
-            explicit_pod_fixed="pod_fixed" in sized.explicit, pods=pods, min_headroom_bytes=least,
-            min_headroom_pod=pod))
+            pod_fixed=sized.pod_fixed, guest_budget_mib=sized.guest_budget_mib, explicit_pod_fixed=explicit,
+            pods=len(mine), min_headroom_bytes=least, min_headroom_pod=least_pod, warning_line_bytes=line,
+            largest_vm_mib=sized.largest_vm.memory_mib, envelope_memory_mib=sized.envelope_memory_mib,
+            extrapolated=sized.largest_vm.memory_mib > surveyed,
+            refuted=_refuted(sized, sizing.runtime, fit)))
     return Proposal(overhead=block, classes=tuple(classes), rows=len(samples), fit=fit,
                     host_raised_mib=host_raised, host_raised_for=raised_for, notes=tuple(notes),
-                    refitted=refitted)
+                    refitted=refitted, margin=Decimal(margin), threshold=threshold,
+                    host_memory_mib=sizing.overhead.host_memory_mib)
 
 
 def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str) -> dict:
@@ -177,7 +294,9 @@ def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str)
         "source": source, "rows": proposal.rows, "overhead": dict(proposal.overhead),
         "classes": [{
             "name": c.name, "podFixed": c.pod_fixed, "podFixedBefore": c.pod_fixed_before, "podsMeasured": c.pods,
+            "headroomWarningBytes": c.warning_line_bytes, "extrapolated": c.extrapolated,
             **({"minHeadroomBytes": c.min_headroom_bytes} if c.min_headroom_bytes is not None else {}),
+            **({"refuted": list(c.refuted)} if c.refuted else {}),
         } for c in proposal.classes],
         "hostRaisedMiB": proposal.host_raised_mib,
         "notes": list(proposal.notes),

@@ -124,12 +124,12 @@ def round_up_even(mib: int) -> int:
     return mib + (mib % 2)
 
 
-def _fit_samples(spec: KataSizingPolicySpec) -> tuple[Fit | None, list[Problem]]:
+def _fit_samples(spec: KataSizingPolicySpec, margin: Decimal) -> tuple[Fit | None, list[Problem]]:
     rows = spec.overhead.samples
     if not rows:
         return None, []
     try:
-        return fit_overhead([
+        return fit_overhead(margin=margin, samples=[
             SurveySample(
                 container_limit_mib=Decimal(row.container_limit_mib),
                 vm_nominal_mib=Decimal(row.vm_nominal_mib),
@@ -149,13 +149,15 @@ def overhead_function(spec: KataSizingPolicySpec) -> tuple[OverheadFunction, lis
     shim family's defaults (defaults.py)."""
     family = defaults.OVERHEAD_DEFAULTS[spec.shim_info.family]
     given = spec.overhead
-    fit, problems = _fit_samples(spec)
+    margin = Decimal(given.margin) if given.margin else family.margin
+    fit, problems = _fit_samples(spec, margin)
     base = family.guest_memory_base_mib
     ratio = family.guest_memory_ratio
     host_memory = family.host_memory_mib
     if fit is not None:
         base, ratio = fit.base_mib, fit.ratio
-        host_memory = fit.host_mib if fit.host_mib else host_memory
+        # The measured host side with the margin (calibrate.Fit.host_with_margin_mib), as calibrate prints it.
+        host_memory = fit.host_with_margin_mib or host_memory
     if given.guest_memory_base:
         base = mib_ceil(memory_bytes(given.guest_memory_base))
     if given.guest_memory_ratio:
@@ -168,7 +170,7 @@ def overhead_function(spec: KataSizingPolicySpec) -> tuple[OverheadFunction, lis
         guest_cpu=cpu_cores(given.guest_cpu) if given.guest_cpu else family.guest_cpu,
         host_memory_mib=host_memory,
         host_cpu=cpu_cores(given.host_cpu) if given.host_cpu else family.host_cpu,
-        margin=Decimal(given.margin) if given.margin else family.margin,
+        margin=margin,
         fitted=fit is not None,
     ), problems
 

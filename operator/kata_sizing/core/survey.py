@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from .calibrate import HOST_COLUMNS, Sample
-from .measure import KataPod, NodeReading, PodMeasurement, SummaryError, kata_pod, read_summary
+from .kubegrammar import dns_label_problem, dns_subdomain_problem
+from .measure import KataPod, NodeReading, PodMeasurement, SummaryError, read_kata_pod, read_summary
 from .quantity import MIB
 from .sizing import PolicySizing, SandboxRefused, explain_pod
 
@@ -24,6 +27,14 @@ COLUMNS = (
     "node", "pod", "class", "container_limit_mib", "vm_nominal_mib", "free_total_mib", "free_used_mib",
     "pod_cgroup_memory_current_bytes", *HOST_COLUMNS,
 )
+# Pods named per reason in the notes; the rest are counted (a survey of 2,000 pods with one node's
+# Summary would otherwise print 2,000 lines).
+MAX_NAMED = 20
+
+
+class SurveyInputError(ValueError):
+    """Input no API server or kubelet sends (a name outside Kubernetes' grammar, a node given twice):
+    the message names the field; the caller names the file and refuses it."""
 
 
 def _mib(size_bytes: int) -> Decimal:
@@ -31,34 +42,120 @@ def _mib(size_bytes: int) -> Decimal:
     return (Decimal(size_bytes) / MIB).normalize() if size_bytes % MIB else Decimal(size_bytes // MIB)
 
 
-def kata_pods_by_node(pods: Iterable[dict], runtime_classes: set[str]) -> tuple[dict[str, dict[str, KataPod]], set[str]]:
-    """The scheduled Kata pods of `runtime_classes` by node and uid, and the uids of every other pod."""
-    by_node: dict[str, dict[str, KataPod]] = {}
-    others: set[str] = set()
-    for pod in pods:
-        found = kata_pod(pod, runtime_classes)
-        if found is None or found.node is None:
-            others.add(str(((pod.get("metadata") or {}).get("uid")) or ""))
-        else:
-            by_node.setdefault(found.node, {})[found.uid] = found
-    return by_node, others
+# The fields of a pod a survey reads, and the grammar the API server holds each to.
+_POD_NAMES = (
+    ("metadata", "name", dns_subdomain_problem, True),
+    ("metadata", "namespace", dns_label_problem, False),
+    ("spec", "nodeName", dns_subdomain_problem, False),
+    ("spec", "runtimeClassName", dns_subdomain_problem, False),
+)
 
 
-def readings_from(
-    summaries: Iterable[tuple[str, object]], pods: Iterable[dict], runtime_classes: set[str],
-) -> tuple[list[NodeReading], list[str]]:
+def check_pod_names(pod: object, where: str) -> None:
+    """SurveyInputError unless the pod's names are ones the API server stores (a name with a comma,
+    a quote or a line break would otherwise reach the CSV)."""
+    if not isinstance(pod, dict):
+        raise SurveyInputError(f"{where}: not a Pod (a mapping)")
+    for part, key, problem_of, required in _POD_NAMES:
+        block = pod.get(part)
+        if block is None and not required:
+            continue
+        if not isinstance(block, dict):
+            raise SurveyInputError(f"{where}: {part}: not a mapping")
+        value = block.get(key)
+        if value is None:
+            if required:
+                raise SurveyInputError(f"{where}: {part}.{key}: missing (every pod the API server lists has one)")
+            continue
+        problem = problem_of(value)
+        if problem:
+            raise SurveyInputError(f"{where}: {part}.{key}: {problem}")
+
+
+@dataclass
+class PodIndex:
+    """The Kata pods of the measured runtime classes by node, built one pod at a time (a 20,000-pod
+    list is streamed, never held), and why each such pod that will not be measured is left out."""
+
+    runtime_classes: set[str]
+    by_node: dict[str, dict[str, KataPod]] = field(default_factory=dict)
+    left_out: dict[str, list[str]] = field(default_factory=dict)  # reason -> pods
+    pods: int = 0
+
+    def add(self, pod: object, where: str) -> None:
+        check_pod_names(pod, where)
+        self.pods += 1
+        found, why = read_kata_pod(pod, self.runtime_classes)
+        meta = pod.get("metadata") or {}
+        name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        if why is not None:
+            self.left_out.setdefault(why, []).append(name)
+        elif found is not None and found.node is None:
+            self.left_out.setdefault("not scheduled on a node yet", []).append(name)
+        elif found is not None:
+            self.by_node.setdefault(found.node, {})[found.uid or name] = found
+
+    def note(self, reason: str, pods: list[str]) -> None:
+        self.left_out.setdefault(reason, []).extend(pods)
+
+    def notes(self) -> list[str]:
+        lines = []
+        for reason, pods in sorted(self.left_out.items()):
+            lines += [f"pod {pod} not measured: {reason}" for pod in sorted(pods)[:MAX_NAMED]]
+            if len(pods) > MAX_NAMED:
+                lines.append(f"{len(pods) - MAX_NAMED} more pod(s) not measured: {reason}")
+        return lines
+
+
+def index_pods(pods: Iterable[dict], runtime_classes: set[str]) -> PodIndex:
+    index = PodIndex(set(runtime_classes))
+    for number, pod in enumerate(pods):
+        index.add(pod, f"items[{number}]")
+    return index
+
+
+def _listed_uids(summary: object, node: str) -> dict[str, str]:
+    """{uid: namespace/name} of the pods a Summary lists, its names held to the API server's grammar."""
+    pods = summary.get("pods") if isinstance(summary, dict) else None
+    found = {}
+    for number, entry in enumerate(pods if isinstance(pods, list) else []):
+        ref = entry.get("podRef") if isinstance(entry, dict) else None
+        if not isinstance(ref, dict):
+            continue
+        for key, problem_of in (("name", dns_subdomain_problem), ("namespace", dns_label_problem)):
+            problem = problem_of(ref.get(key))
+            if problem:
+                raise SurveyInputError(f"the Summary of node {node}: pods[{number}].podRef.{key}: {problem}")
+        if isinstance(ref.get("uid"), str) and ref["uid"]:
+            found[ref["uid"]] = f"{ref['namespace']}/{ref['name']}"
+    return found
+
+
+def readings_from(summaries: Iterable[tuple[str, object]], index: PodIndex) -> tuple[list[NodeReading], list[str]]:
     """Readings of saved Summaries ((node, document) pairs) against the pods' specs (`kubectl get
-    pods -A -o yaml`), and a note per Summary that could not be read."""
-    by_node, others = kata_pods_by_node(pods, runtime_classes)
+    pods -A -o yaml`), and a note per Summary that could not be read and per pod left out."""
+    summaries = list(summaries)
+    twice = sorted(node for node, count in Counter(node for node, _ in summaries).items() if count > 1)
+    if twice:
+        raise SurveyInputError(f"two Summaries of node {twice[0]}: give one per node")
+    listed = {node: _listed_uids(summary, node) for node, summary in summaries}
     readings, notes = [], []
     for node, summary in summaries:
         try:
-            reading = read_summary(summary, node, by_node.get(node, {}), others)
+            reading = read_summary(summary, node, index.by_node.get(node, {}))
         except SummaryError as exc:
             notes.append(str(exc))
+            index.note(f"the Summary of node {node} cannot be read", [p.pod for p in index.by_node.get(node, {}).values()])
             continue
         readings.append(reading)
         notes.extend(f"node {node}: {problem}" for problem in reading.problems)
+        missing = {p.pod: p for p in index.by_node.get(node, {}).values() if p.pod in reading.not_reported}
+        for pod in missing.values():
+            elsewhere = [other for other, uids in listed.items() if other != node and pod.uid in uids]
+            index.note(f"its spec places it on node {node}, but the Summary of node {elsewhere[0]} lists it"
+                       if elsewhere else f"not in the Summary of node {node} (just started, or gone)", [pod.pod])
+    for node in sorted(set(index.by_node) - {node for node, _ in summaries}):
+        index.note(f"no Summary of its node {node} was read", [p.pod for p in index.by_node[node].values()])
     return readings, notes
 
 
