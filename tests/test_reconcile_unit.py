@@ -219,7 +219,7 @@ def desired_objects(body: dict) -> list[dict]:
     """What a pass writes for `body` in a cluster without nodes."""
     rendered = render_policy(parse_policy(body), nodes=[])
     runtime_classes = rendered.runtime_classes if rendered.creates_runtime_classes else []
-    return [*runtime_classes, *rendered.configmaps, *rendered.admission]
+    return [*runtime_classes, *rendered.configmaps, *rendered.shared, *rendered.admission]
 
 
 def in_sync_cluster(body: dict, allow=READS, **kwargs) -> FakeApi:
@@ -560,7 +560,7 @@ def test_creating_a_policy_reads_none_of_its_objects():
     api = FakeApi(policy=policy_body(), allow=ALL_WRITES)
     run(pass_of(make_state(api), "apply"))
     assert [c for c in api.calls if c[0] == "read"] == []
-    assert len(api.written("create", "ConfigMap")) == 4  # values, drop-ins, guidance, admission parameters
+    assert len(api.written("create", "ConfigMap")) == 3  # values, drop-ins (with the admission parameters), guidance
 
 
 def test_a_binding_is_created_after_its_admission_policy_and_its_parameters(monkeypatch):
@@ -622,7 +622,7 @@ def test_passes_of_two_policies_at_once_create_each_shared_admission_policy_once
 
 
 def test_a_config_map_of_somebody_else_is_found_by_the_create_and_then_read_until_the_name_is_free():
-    key = ("ConfigMap", NAMESPACE, f"{NAME}-dropins")
+    key = ("ConfigMap", NAMESPACE, f"{NAME}-kata-deploy-values")
     theirs = {"kind": "ConfigMap", "apiVersion": "v1", "data": {"a": "b"},
               "metadata": {"name": key[2], "namespace": NAMESPACE, "labels": {"team": "x"}}}
     api = FakeApi(theirs, policy=policy_body(), allow=ALL_WRITES)
@@ -749,7 +749,7 @@ def test_a_missing_output_namespace_is_in_status_with_the_servers_message_and_is
     with pytest.raises(rc.RetryLater, match='namespaces "not-yet" not found'):
         run(pass_of(make_state(api), "apply", sink, landed))
     configmap_creates = api.written("create", "ConfigMap")
-    assert len(configmap_creates) == 4, "each ConfigMap is tried once a pass, not five times"
+    assert len(configmap_creates) == 3, "each ConfigMap is tried once a pass, not five times"
     # The other objects are written, and counted as written: the RuntimeClasses and the shared
     # admission policies. Not the bindings: without their parameters they would deny every pod
     # of the classes.
