@@ -67,8 +67,9 @@ def kustomize(path: Path) -> list[dict]:
 def without_helm_labels(obj: dict) -> dict:
     obj = copy.deepcopy(obj)
     labels = obj["metadata"].get("labels") or {}
-    for key in HELM_LABELS:
-        labels.pop(key, None)
+    if labels.get("app.kubernetes.io/managed-by") == "Helm":  # the shared admission policies say kata-sizing
+        for key in HELM_LABELS:
+            labels.pop(key, None)
     return obj
 
 
@@ -177,6 +178,50 @@ def test_the_chart_installs_the_same_objects_as_manifests(helm: str) -> None:
     assert sorted(chart) == sorted(base)
     for key, obj in base.items():
         assert chart[key] == obj, f"{key} differs between the chart and manifests/"
+
+
+VAP, MAP = "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize("args, kinds", [
+    (["--kube-version", "1.37.0"], [MAP, VAP, VAP]),
+    (["--kube-version", "1.35.0"], [VAP, VAP]),  # no MutatingAdmissionPolicy in v1 before 1.36
+    (["--kube-version", "1.29.0"], []),
+    # What discovery says wins over the version (helm install, Flux, Argo CD's --api-versions).
+    (["--kube-version", "1.35.0", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
+     [MAP, VAP, VAP]),
+    (["--kube-version", "1.37.0", "--set", "admissionPolicies.create=false"], []),
+], ids=["1.37", "1.35", "1.29", "served-by-discovery", "owned-elsewhere"])
+def test_the_chart_creates_the_shared_admission_policies_the_server_serves(helm: str, args: list[str],
+                                                                          kinds: list[str]) -> None:
+    objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP)]
+    assert [o["kind"] for o in objects] == kinds
+    # As `kata-sizing render --shared` prints them, Helm's labels not added: the operator guards them.
+    shared = by_key(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text()))
+    for obj in objects:
+        assert obj == shared[obj["kind"], obj["metadata"]["name"]]
+
+
+def test_configmap_writes_can_be_limited_to_the_output_namespaces(helm: str) -> None:
+    def rules(objects: list[dict], kind: str, name: str) -> set[tuple[str, str]]:
+        return {(resource, verb) for o in objects if o["kind"] == kind and o["metadata"]["name"] == name
+                for rule in o["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+    everywhere = template(helm)
+    assert {("configmaps", v) for v in ("create", "update", "delete")} <= rules(everywhere, "ClusterRole", "kata-sizing")
+    assert not [o for o in everywhere if o["metadata"]["name"] == "kata-sizing-output"]
+    scoped = template(helm, "--set", "rbac.outputNamespaces={kata-sizing,kube-system}")
+    configmaps = {v for r, v in rules(scoped, "ClusterRole", "kata-sizing") if r == "configmaps"}
+    assert configmaps == {"get", "list", "watch"}
+    roles = [o for o in scoped if o["kind"] == "Role" and o["metadata"]["name"] == "kata-sizing-output"]
+    assert [r["metadata"]["namespace"] for r in roles] == ["kata-sizing", "kube-system"]
+    assert all(rules([r], "Role", "kata-sizing-output") == {("configmaps", v) for v in ("create", "update", "delete")}
+               for r in roles)
+    bindings = [o for o in scoped if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "kata-sizing-output"]
+    assert [b["subjects"] for b in bindings] == [[{"kind": "ServiceAccount", "name": "kata-sizing",
+                                                   "namespace": NAMESPACE}]] * 2
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "rbac.outputNamespaces={Kube_System}")
+    assert result.returncode != 0 and "outputNamespaces" in result.stderr
 
 
 def test_with_the_webhook_the_chart_installs_the_same_objects_as_the_overlay(helm: str) -> None:
