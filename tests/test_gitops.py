@@ -216,6 +216,9 @@ def policy_with(generation: int, observed: int | None, ready: tuple[str, str, st
            "metadata": {"name": "qemu-rs", "generation": generation}, "spec": {"shim": "qemu-runtime-rs"}}
     if observed is not None:
         conditions = [{"type": "Valid", "status": "True", "reason": "PolicyValid", "message": "all sizing rules hold"}]
+        if ready and ready[1] == "PolicyInvalid":  # the operator says why in Valid, and only that in Ready
+            conditions = [{"type": "Valid", "status": "False", "reason": "PolicyInvalid",
+                           "message": "class s: podFixed.memory 256Mi is not above overhead_memory 512Mi"}]
         if ready:
             conditions.append({"type": "Ready", "status": ready[0], "reason": ready[1], "message": ready[2]})
         obj["status"] = {"observedGeneration": observed, "conditions": conditions}
@@ -229,7 +232,7 @@ def policy_with(generation: int, observed: int | None, ready: tuple[str, str, st
     (policy_with(2, 2, None), ("Progressing", "waiting for the kata-sizing operator")),
     (policy_with(2, 2, ("True", "InSync", "")), ("Healthy", "InSync")),
     (policy_with(2, 2, ("False", "PolicyInvalid", "the policy is invalid")),
-     ("Degraded", "PolicyInvalid: the policy is invalid")),
+     ("Degraded", "PolicyInvalid: class s: podFixed.memory 256Mi is not above overhead_memory 512Mi")),
     (policy_with(2, 2, ("False", "RuntimeClassMissing", "kata-deploy has not created RuntimeClass kata-qemu-rs-s")),
      ("Progressing", "RuntimeClassMissing: kata-deploy has not created RuntimeClass kata-qemu-rs-s")),
     (policy_with(2, 2, ("Unknown", "Pending", "")), ("Progressing", "Pending")),
