@@ -92,7 +92,7 @@ def test_flux_applies_the_operator_then_the_policies_then_kata_deploy_from_git(k
         path = ROOT / spec["path"]
         assert path.is_dir() and spec["path"].startswith("./"), spec["path"]
         applied[name] = {o["kind"] for o in objects(path)}
-    assert applied == {"kata-sizing": {"HelmRelease"}, "kata-sizing-policies": {"KataSizingPolicy"},
+    assert applied == {"kata-sizing": {"Namespace", "HelmRelease"}, "kata-sizing-policies": {"KataSizingPolicy"},
                        "kata-deploy": {"OCIRepository", "HelmRelease"}}
     # The policies wait for the operator's Kustomization to be Ready, which with wait: true
     # means its HelmRelease is: the CRD installed, the operator rolled out.
@@ -108,13 +108,20 @@ def test_flux_objects_sit_in_namespaces_an_empty_cluster_has(kustomizations) -> 
     for path in [FLUX / "kustomizations.yaml", *(ROOT / k["spec"]["path"] for k in kustomizations.values())]:
         for obj in objects(path) if path.is_dir() else documents(path):
             namespace = obj["metadata"].get("namespace")
-            if obj["kind"] == "KataSizingPolicy":
+            if obj["kind"] in ("KataSizingPolicy", "Namespace"):
                 assert namespace is None  # cluster-scoped
             else:
                 assert namespace in EMPTY_CLUSTER_NAMESPACES, f"{obj['kind']} {obj['metadata']['name']} in {namespace}"
     operator = find(objects(FLUX / "operator"), "HelmRelease")
     assert operator["spec"]["targetNamespace"] == "kata-sizing" != operator["metadata"]["namespace"]
-    assert operator["spec"]["install"]["createNamespace"] is True
+    # The Kustomization applies the target namespace itself (Flux applies Namespaces first), with
+    # the Pod Security level the operator pod meets, as manifests/ and the Argo CD path give it.
+    namespace = find(objects(FLUX / "operator"), "Namespace")
+    assert namespace["metadata"]["name"] == operator["spec"]["targetNamespace"]
+    assert namespace["metadata"]["labels"] == documents(ROOT / "manifests" / "namespace.yaml")[0]["metadata"]["labels"]
+    argo = find(objects(ARGOCD / "apps"), "Application", "kata-sizing")["spec"]["syncPolicy"]
+    assert argo["managedNamespaceMetadata"]["labels"].items() <= namespace["metadata"]["labels"].items()
+    assert "createNamespace" not in operator["spec"].get("install", {})
     # The release keeps the plain name, so its objects are named as manifests/ names them.
     assert operator["spec"]["releaseName"] == "kata-sizing"
     assert operator["spec"]["chart"]["spec"]["sourceRef"] == {"kind": "GitRepository", "name": "kata-sizing"}
@@ -280,7 +287,9 @@ def test_the_operator_chart_renders_with_the_examples_values(tmp_path: Path, pat
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
-    assert {"ServiceMonitor", "PrometheusRule", "Deployment"} <= kinds
+    # With only Flux's or Argo CD's CRDs in the cluster: nothing of the Prometheus Operator's.
+    assert "Deployment" in kinds and not {"ServiceMonitor", "PrometheusRule"} & kinds
+    assert {"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"} <= kinds  # the shared admission policies
 
 
 # --- kata-sizing render --values-only ----------------------------------------------------------
