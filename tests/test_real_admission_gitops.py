@@ -170,3 +170,29 @@ def test_without_the_shared_policies_the_bindings_of_an_application_judge_nothin
     orphan["spec"]["policyName"] = "kata-sizing-envelope-v0-missing"
     cp.apply(orphan)
     poll(lambda: dry_run(cp, [pod]).returncode == 0, 30, "a binding to a missing policy refuses nothing")
+
+
+def test_without_its_parameters_an_applications_bindings_refuse_no_pod(applications) -> None:
+    """A GitOps prune, a teardown or a deleted output namespace can remove a policy's drop-ins
+    ConfigMap (its admission parameters) before its bindings: they then judge nothing
+    (parameterNotFoundAction: Allow). With Deny the API server, which looks the parameters up
+    before any match condition, refuses every pod of the binding's namespaces, Kata or not."""
+    cp, make = applications
+    rendered = make("app-d")
+    apply_as(cp, "app-d", rendered)
+    plain = Case("plain", (limits("1", "3Gi"),), None, None, runtime_class=None, namespace="app-d").pod()
+    too_big = pods_of("app-d")[1]
+    poll(lambda: dry_run(cp, [too_big]).returncode != 0, 30, "the too-big pod is refused")
+    assert dry_run(cp, [plain]).returncode == 0
+    params = next(o for o in yaml.safe_load_all(rendered.read_text()) if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"] == "app-d-dropins")
+    cp.kubectl("delete", "configmap", "-n", params["metadata"]["namespace"], "app-d-dropins")
+    poll(lambda: dry_run(cp, [too_big]).returncode == 0, 30, "the policy's bindings judge nothing")
+    assert dry_run(cp, [plain]).returncode == 0, "a pod that is no Kata pod is admitted"
+    # What Deny would do: refuse the plain pod, which no rule of the policy is about.
+    binding = next(o for o in yaml.safe_load_all(rendered.read_text()) if o["kind"] == "MutatingAdmissionPolicyBinding")
+    binding["spec"]["paramRef"]["parameterNotFoundAction"] = "Deny"
+    cp.apply(binding)
+    refused = poll(lambda: (lambda p: p if p.returncode != 0 else None)(dry_run(cp, [plain])), 30,
+                   "with Deny, the plain pod refused")
+    assert "no params found for policy binding with `Deny` parameterNotFoundAction" in refused.stderr

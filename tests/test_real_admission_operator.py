@@ -152,8 +152,8 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     cp.edit(path_of(binding), lambda o: o["spec"].update(validationActions=["Audit"]))
     poll(lambda: cp.get(path_of(binding))["spec"]["validationActions"] == good[binding]["spec"]["validationActions"],
          10, "the binding's action put back")
-    # Parameters that let every pod through when they are missing, somebody else's: put back.
-    cp.edit(path_of(binding), lambda o: o["spec"].update(paramRef={"name": "x", "parameterNotFoundAction": "Allow"}))
+    # Somebody else's parameters, which refuse every pod of the namespaces while missing: put back.
+    cp.edit(path_of(binding), lambda o: o["spec"].update(paramRef={"name": "x", "parameterNotFoundAction": "Deny"}))
     poll(lambda: cp.get(path_of(binding))["spec"]["paramRef"] == good[binding]["spec"]["paramRef"], 10,
          "the binding's paramRef put back")
     # A selector the server would default to {} but somebody narrowed: the routing would stop.
@@ -182,9 +182,17 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     cp.edit(path_of(envelope), lambda o: o["metadata"]["labels"].pop("team"))
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
 def _comparable(obj: dict) -> dict:
-    """An object without what every write changes (resourceVersion, managedFields)."""
+    """An object without what every write changes (resourceVersion, managedFields) and kubectl's
+    copy of what it last applied, which a server-side apply rewrites (the install's `kubectl apply
+    -k manifests/` left one on the shared admission policies)."""
     meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    if annotations or "annotations" in meta:
+        meta["annotations"] = annotations
     return {**obj, "metadata": meta}
 
 

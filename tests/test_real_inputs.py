@@ -419,7 +419,7 @@ def test_pods_kata_would_refuse_are_refused_by_the_server_as_podfit_says(control
             for finding in podfit.check_pod(pod, sizing):
                 if finding.action == "Deny":
                     expected[pod["metadata"]["name"]] = (podfit.SHARED_NAMES["envelope"], finding.message)
-        assert denied == expected
+        assert denied == expected, proc.stderr
         assert set(expected) == {"s-no-limits", "m-cpu-only", "m-below-a-mebibyte", "m-zero-memory"}
         created = set(re.findall(r"pod/(\S+) created \(server dry run\)", proc.stdout))
         assert created == {p["metadata"]["name"] for p in ZERO_PODS} - set(expected)

@@ -833,15 +833,22 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
 def binding_specs(sizing: PolicySizing, params_name: str) -> list[tuple[str, str, str, dict]]:
     """(apiVersion, kind, name, spec) of a policy's bindings of the shared policies: its rule
     actions, its namespaces, and its parameters (the ConfigMap `params_name` in
-    spec.output.namespace, which holds `params_data`). A missing parameters ConfigMap denies the
-    pods the binding matches, never lets them pass."""
+    spec.output.namespace, which holds `params_data`).
+
+    A binding whose parameters are missing judges nothing (`parameterNotFoundAction: Allow`). The
+    API server looks the parameters up before it evaluates any match condition, so with Deny it
+    refuses every pod of the binding's namespaces, Kata or not, for as long as the ConfigMap is
+    missing (seen on the real server, tests/test_real_admission_gitops.py): while a GitOps prune
+    or a teardown removes the ConfigMap before the binding, or for good once the output namespace
+    is deleted under a policy that stays. The operator writes the parameters before the bindings
+    and puts a deleted ConfigMap back; whoever may delete it could as well widen its envelopes."""
     policy = sizing.policy
     admission = policy.spec.admission
     names = admission_names(policy.name)
     selector = _selector_dict(namespace_selector(policy))
     match_resources = {"matchResources": _match_resources(namespace_selector=selector)} if selector else {}
     param_ref = {"name": params_name, "namespace": policy.spec.output.namespace,
-                 "parameterNotFoundAction": "Deny"}
+                 "parameterNotFoundAction": "Allow"}
     specs = [
         (ADMISSION_API_VERSION, "ValidatingAdmissionPolicyBinding", names[key], {
             "policyName": SHARED_NAMES[key], "paramRef": dict(param_ref), "validationActions": [action],
