@@ -21,7 +21,7 @@ from kata_sizing.controller import status as st
 from kata_sizing.controller.execute import WRITES_PER_PASS
 from kata_sizing.controller.informer import HeldNames
 from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
-from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, TransientApiError
+from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, PermanentApiError, TransientApiError
 from kata_sizing.controller.plan import build_desired
 from kata_sizing.controller.state import DesiredCache, OperatorState
 from kata_sizing.core import podfit
@@ -726,6 +726,32 @@ def test_an_admission_object_the_server_refuses_is_said_in_status_and_the_rest_i
     conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
     assert conditions["InSync"]["status"] == "False" and conditions["InSync"]["reason"] == cond.REASON_REFUSED
     assert "compilation failed" in conditions["InSync"]["message"] and done.findings.refused
+
+
+def test_a_configmap_the_operator_may_not_write_there_is_said_in_status_and_not_retried_in_a_loop():
+    """The chart's rbac.outputNamespaces leaves out the namespace a policy names: 403 on its
+    ConfigMaps, said in status (RefusedByServer), the other objects written."""
+    body = policy_body()
+    api = FakeApi(policy=body, allow=ALL_WRITES)
+    forbidden = 'configmaps is forbidden: User "system:serviceaccount:kata-sizing:kata-sizing" cannot create resource'
+    original = api.create
+
+    async def create(obj):
+        if obj["kind"] == "ConfigMap":
+            api.calls.append(("create", obj_key(obj)))
+            raise PermanentApiError(403, forbidden)
+        return await original(obj)
+
+    api.create = create
+    done = run(pass_of(make_state(api), "apply"))  # no exception: nothing to retry soon
+    assert len(api.written("create", "RuntimeClass")) == 4
+    assert len([c for c in api.calls if c[0] == "create" and c[1][0] == "ConfigMap"]) == 3  # each tried once
+    conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
+    assert conditions["InSync"]["reason"] == cond.REASON_REFUSED and forbidden in conditions["InSync"]["message"]
+    # The bindings wait for their parameters, refused with them (a binding without its
+    # parameters would judge nothing).
+    assert [c for c in api.calls if c[0] == "create" and c[1][0].endswith("Binding")] == []
+    assert conditions["Ready"]["status"] == "False" and len(done.findings.refused) == 3 + 3
 
 
 def _fail_first_admission_create(api: FakeApi):
