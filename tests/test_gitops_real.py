@@ -302,6 +302,28 @@ def test_every_chart_object_is_valid_on_the_real_server(monitoring_crds: Control
     assert "(server dry run)" in result.stdout
 
 
+def test_output_namespaces_limit_the_operators_configmap_writes_on_the_real_authorizer(
+        empty_cluster: ControlPlane) -> None:
+    """The chart's rbac.outputNamespaces, its RBAC objects created and asked (`kubectl auth
+    can-i` as the operator's ServiceAccount): ConfigMap writes in the listed namespaces only,
+    reads everywhere (the cache, and the paramKind check on creating a shared admission policy)."""
+    cp = empty_cluster
+    for namespace in ("scoped", "scoped-out"):
+        ensure_namespace(cp, namespace)
+    rendered = helm_template("scoped", str(CHART), "-n", "scoped", "--set", "rbac.outputNamespaces={scoped-out}",
+                             "--set", "admissionPolicies.create=false")
+    rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in
+            ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    apply(cp, "-f", "-", input=yaml.safe_dump_all(rbac))
+    operator = "--as=system:serviceaccount:scoped:scoped-kata-sizing"
+
+    def can(*args: str) -> str:
+        return cp.kubectl("auth", "can-i", *args, operator, check=False).stdout.strip()
+    assert [can(verb, "configmaps", "-n", "scoped-out") for verb in ("create", "update", "delete")] == ["yes"] * 3
+    assert [can(verb, "configmaps", "-n", "kube-system") for verb in ("create", "update", "delete")] == ["no"] * 3
+    assert [can(verb, "configmaps", "-A") for verb in ("get", "list", "watch")] == ["yes"] * 3
+
+
 def test_names_go_yaml_would_misread_are_accepted_by_the_server(monitoring_crds: ControlPlane) -> None:
     """Release `y` in namespace `n`, with values `on`, `yes`, `off`: every object the server takes."""
     cp = monitoring_crds
