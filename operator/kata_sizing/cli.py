@@ -871,7 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    render = sub.add_parser("render", help="print every object the operator would apply")
+    render = sub.add_parser("render", help="print the objects the operator applies for a policy")
     render.add_argument("policy", metavar="POLICY.yaml", nargs="?", help="policy file ('-' for stdin)")
     render.add_argument("--shared", action="store_true",
                         help="print only the admission policies every policy's bindings name (the install's; "
