@@ -102,6 +102,7 @@ def left_over(cp: ControlPlane) -> dict[str, list[str]]:
     return {
         "crd": names("crd", CRD_NAME, "--ignore-not-found"),
         "namespace": names("namespace", "kata-sizing", "--ignore-not-found"),
+        "rbac": names("clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/name=kata-sizing"),
         "runtime classes": names("runtimeclasses", "-l", OURS),
         "configmaps": names("configmaps", "-A", "-l", OURS),
         "admission": names(ADMISSION_KINDS, "-l", OURS),
