@@ -225,6 +225,9 @@ class OperatorRelease:
             "tolerations": [NODE_TOLERATION],
             "webhook": {"enabled": True, "certManager": {"enabled": False}, "caBundle": self.ca_bundle,
                         "tlsSecretName": TLS_SECRET},
+            # The session's install (`kubectl apply -k manifests/`) owns the shared admission
+            # policies; a second install leaves them to it (Helm would refuse to adopt them).
+            "admissionPolicies": {"create": False},
             **overrides,
         }
         path = self.workdir / f"values-{len(list(self.workdir.glob('values-*')))}.yaml"

@@ -27,6 +27,8 @@ HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io
                "app.kubernetes.io/version"}
 # Groups kubernetes-validate has no schema for (the Prometheus Operator's, cert-manager's).
 CUSTOM_GROUPS = ("monitoring.coreos.com", "cert-manager.io")
+# The alerts read what the ServiceMonitor makes Prometheus scrape: the chart refuses one without the other.
+ALERTS = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"]
 EVERYTHING_ON = ["--set", "webhook.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
                  "--set", "metrics.prometheusRule.enabled=true", "--set", "namespace.create=true"]
 
@@ -67,8 +69,9 @@ def kustomize(path: Path) -> list[dict]:
 def without_helm_labels(obj: dict) -> dict:
     obj = copy.deepcopy(obj)
     labels = obj["metadata"].get("labels") or {}
-    for key in HELM_LABELS:
-        labels.pop(key, None)
+    if labels.get("app.kubernetes.io/managed-by") == "Helm":  # the shared admission policies say kata-sizing
+        for key in HELM_LABELS:
+            labels.pop(key, None)
     return obj
 
 
@@ -155,7 +158,7 @@ def test_custom_resources_have_the_fields_their_operators_need(all_objects: list
 
 
 def test_the_drift_alert_uses_a_metric_the_operator_exports(helm: str) -> None:
-    objects = template(helm, "--set", "metrics.prometheusRule.enabled=true",
+    objects = template(helm, *ALERTS,
                        "--set", "metrics.prometheusRule.driftCorrectionsPerHour=7")
     rules = {r["alert"]: r for g in one(objects, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     drift = rules["KataSizingDriftFought"]
@@ -177,6 +180,67 @@ def test_the_chart_installs_the_same_objects_as_manifests(helm: str) -> None:
     assert sorted(chart) == sorted(base)
     for key, obj in base.items():
         assert chart[key] == obj, f"{key} differs between the chart and manifests/"
+
+
+VAP, MAP = "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize("args, kinds", [
+    (["--kube-version", "1.37.0"], [MAP, VAP, VAP]),
+    (["--kube-version", "1.35.0"], [VAP, VAP]),  # no MutatingAdmissionPolicy in v1 before 1.36
+    (["--kube-version", "1.29.0"], []),
+    # What discovery says wins over the version (helm install, Flux, Argo CD's --api-versions).
+    (["--kube-version", "1.35.0", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
+     [MAP, VAP, VAP]),
+    (["--kube-version", "1.37.0", "--set", "admissionPolicies.create=false"], []),
+], ids=["1.37", "1.35", "1.29", "served-by-discovery", "owned-elsewhere"])
+def test_the_chart_creates_the_shared_admission_policies_the_server_serves(helm: str, args: list[str],
+                                                                          kinds: list[str]) -> None:
+    objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP)]
+    assert [o["kind"] for o in objects] == kinds
+    # As `kata-sizing render --shared` prints them, Helm's labels not added: the operator guards them.
+    shared = by_key(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text()))
+    for obj in objects:
+        assert obj == shared[obj["kind"], obj["metadata"]["name"]]
+
+
+def notes(helm: str, *args: str) -> str:
+    result = run_helm(helm, "install", "--dry-run=client", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.partition("NOTES:\n")[2]
+
+
+def test_the_notes_name_the_shared_admission_policies_and_how_to_uninstall(helm: str) -> None:
+    # The objects templates/admission-policies.yaml creates (one helper decides), here those of
+    # Helm's own Kubernetes version (1.36 and later: all three).
+    text = notes(helm)
+    assert ("  ValidatingAdmissionPolicy kata-sizing-memory-limit-v1\n  ValidatingAdmissionPolicy kata-sizing-envelope-v1\n"
+            "  MutatingAdmissionPolicy kata-sizing-route-v1\n") in text
+    assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in text
+    assert "kubectl delete validatingadmissionpolicies,mutatingadmissionpolicies -l katasizing.dev/shared=admission" in text
+    assert "kata-sizing-envelope-v1" not in notes(helm, "--set", "admissionPolicies.create=false")
+
+
+def test_configmap_writes_can_be_limited_to_the_output_namespaces(helm: str) -> None:
+    def rules(objects: list[dict], kind: str, name: str) -> set[tuple[str, str]]:
+        return {(resource, verb) for o in objects if o["kind"] == kind and o["metadata"]["name"] == name
+                for rule in o["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+    everywhere = template(helm)
+    assert {("configmaps", v) for v in ("create", "update", "delete")} <= rules(everywhere, "ClusterRole", "kata-sizing")
+    assert not [o for o in everywhere if o["metadata"]["name"] == "kata-sizing-output"]
+    scoped = template(helm, "--set", "rbac.outputNamespaces={kata-sizing,kube-system}")
+    configmaps = {v for r, v in rules(scoped, "ClusterRole", "kata-sizing") if r == "configmaps"}
+    assert configmaps == {"get", "list", "watch"}
+    roles = [o for o in scoped if o["kind"] == "Role" and o["metadata"]["name"] == "kata-sizing-output"]
+    assert [r["metadata"]["namespace"] for r in roles] == ["kata-sizing", "kube-system"]
+    assert all(rules([r], "Role", "kata-sizing-output") == {("configmaps", v) for v in ("create", "update", "delete")}
+               for r in roles)
+    bindings = [o for o in scoped if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "kata-sizing-output"]
+    assert [b["subjects"] for b in bindings] == [[{"kind": "ServiceAccount", "name": "kata-sizing",
+                                                   "namespace": NAMESPACE}]] * 2
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "rbac.outputNamespaces={Kube_System}")
+    assert result.returncode != 0 and "outputNamespaces" in result.stderr
 
 
 def test_with_the_webhook_the_chart_installs_the_same_objects_as_the_overlay(helm: str) -> None:
@@ -376,30 +440,37 @@ def alerts(objects: list[dict]) -> dict[str, dict]:
 def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
     from tests.test_docs import anchors
 
-    rules = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))
+    rules = alerts(template(helm, *ALERTS))
     assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady",
                           "KataSizingPodHeadroomLow"}
     sections = anchors((ROOT / "docs" / "operation.md").read_text())
     for name, rule in rules.items():
         url = rule["annotations"]["runbook_url"]
         page, _, anchor = url.partition("#")
-        assert page == "https://github.com/kata-sizing/kata-sizing/blob/v0.1.0/docs/operation.md"
+        # The main branch: no release is tagged yet (docs/operation.md#alerts).
+        assert page == "https://github.com/kata-sizing/kata-sizing/blob/main/docs/operation.md"
         assert anchor == name.lower() and anchor in sections, url
-    moved = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true",
+    moved = alerts(template(helm, *ALERTS,
                             "--set", "metrics.prometheusRule.runbookBaseURL=https://wiki.example/kata-sizing"))
     assert {r["annotations"]["runbook_url"] for r in moved.values()} == {
         f"https://wiki.example/kata-sizing#{name.lower()}" for name in rules}
 
 
+def test_the_alerts_are_refused_without_the_scrape_they_read(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "metrics.prometheusRule.enabled=true")
+    assert result.returncode != 0
+    assert "metrics.prometheusRule.enabled needs metrics.serviceMonitor.enabled" in result.stderr
+
+
 def test_the_headroom_alert_reads_the_gauge_the_measurement_exports(helm: str) -> None:
-    rule = alerts(template(helm, "--set", "metrics.prometheusRule.enabled=true"))["KataSizingPodHeadroomLow"]
+    rule = alerts(template(helm, *ALERTS))["KataSizingPodHeadroomLow"]
     assert rule["expr"] == "sum by (policy, class) (kata_sizing_pods_headroom_low) > 0"
     assert "{{ $labels.policy }}" in rule["annotations"]["summary"]  # left for Prometheus to fill in
     assert "kata_sizing_pods_headroom_low" in {m.name for m in metrics.REGISTRY.collect()}
 
 
 def test_the_operator_down_alert_looks_for_a_gauge_every_running_replica_exports(helm: str) -> None:
-    rule = alerts(template(helm, "--namespace", "ops", "--set", "metrics.prometheusRule.enabled=true"))[
+    rule = alerts(template(helm, "--namespace", "ops", *ALERTS))[
         "KataSizingOperatorDown"]
     assert rule["expr"] == 'absent(kata_sizing_informer_objects{namespace="ops"})'
     assert "kata_sizing_informer_objects" in {m.name for m in metrics.REGISTRY.collect()}

@@ -69,11 +69,7 @@ def test_render_prints_configmaps_then_runtime_classes_then_admission_policies(c
         ("RuntimeClass", "kata-qemu-rs-m"),
         ("RuntimeClass", "kata-qemu-rs-l"),
         ("RuntimeClass", "kata-qemu-rs-xl"),
-        # The admission policies every policy shares, then this policy's parameters and bindings.
-        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-envelope"),
-        ("MutatingAdmissionPolicy", "kata-sizing-route"),
-        ("ConfigMap", "qemu-rs-admission"),
+        # The policy's bindings of the shared admission policies (the install's, not printed).
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-memory-limit"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-envelope"),
         ("MutatingAdmissionPolicyBinding", "kata-sizing-qemu-rs-route"),
@@ -118,11 +114,11 @@ def test_render_managed_by_kata_deploy_says_why_runtime_classes_are_missing(caps
     code, out, err = run(capsys, "render", ROOT / "examples" / "clh-snp-go.yaml")
     assert code == 0
     assert {d["kind"] for d in yaml.safe_load_all(out)} - {
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding"} == {"ConfigMap"}
+        "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding"} == {"ConfigMap"}
     assert _lines(err) == [
         "note: clh-snp: runtimeClass.managedBy is KataDeploy; the kata-deploy chart creates the "
-        "RuntimeClasses from the values overlay, so they are not printed"
+        "RuntimeClasses from the values overlay, so they are not printed",
+        SHARED_NOTE,
     ]
 
 
@@ -130,7 +126,66 @@ def test_render_reads_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text()))
     code, out, _ = run(capsys, "render", "-")
     assert code == 0
-    assert len(list(yaml.safe_load_all(out))) == 13  # 2 ConfigMaps, 4 RuntimeClasses, 3 shared policies, the parameters, 3 bindings
+    assert len(list(yaml.safe_load_all(out))) == 9  # 2 ConfigMaps (one with the admission parameters), 4 RuntimeClasses, 3 bindings
+
+
+SHARED_NOTE = ("note: the bindings name the shared admission policies kata-sizing-memory-limit-v1, "
+               "kata-sizing-envelope-v1, kata-sizing-route-v1: the install creates them (the chart, manifests/), "
+               "or `kata-sizing render --shared` prints them; without them the bindings judge no pod")
+
+
+def test_render_of_several_policies_prints_each_object_once_and_names_the_shared_ones_once(capsys, tmp_path):
+    first = yaml.safe_load((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text())
+    second = json.loads(json.dumps(first))
+    second["metadata"]["name"] = "second"
+    second["spec"]["runtimeClass"]["namePrefix"] = "kata-second"
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([first, second]))
+    code, out, err = run(capsys, "render", path)
+    assert code == 0
+    keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in yaml.safe_load_all(out)]
+    assert len(keys) == len(set(keys)) == 18
+    assert not [k for k in keys if k[0] in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy")]
+    assert _lines(err) == [SHARED_NOTE]
+
+
+def test_render_shared_prints_the_shared_admission_policies_alone(capsys, tmp_path):
+    code, out, err = run(capsys, "render", "--shared")
+    assert (code, err) == (0, "")
+    shared = list(yaml.safe_load_all(out))
+    assert [(d["kind"], d["metadata"]["name"]) for d in shared] == [
+        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
+        ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
+    ]
+    # Exactly what a policy's bindings name.
+    _, policy_out, _ = run(capsys, "render", ROOT / "examples" / "qemu-runtime-rs.yaml")
+    named = [d["spec"]["policyName"] for d in yaml.safe_load_all(policy_out) if d["kind"].endswith("Binding")]
+    assert named == [d["metadata"]["name"] for d in shared]
+    code, out, _ = run(capsys, "render", "--shared", "-o", "json")
+    assert code == 0 and json.loads(out)["items"] == shared
+    # Policies that all route through the operator's webhook bind no MutatingAdmissionPolicy.
+    body = yaml.safe_load((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text())
+    body["spec"]["admission"] = {"routing": "Webhook"}
+    (tmp_path / "webhook.yaml").write_text(yaml.safe_dump(body))
+    code, out, _ = run(capsys, "render", "--shared", tmp_path / "webhook.yaml")
+    assert code == 0 and [d["kind"] for d in yaml.safe_load_all(out)] == ["ValidatingAdmissionPolicy"] * 2
+    body["spec"]["admission"] = {"enabled": False}
+    (tmp_path / "off.yaml").write_text(yaml.safe_dump(body))
+    code, out, err = run(capsys, "render", "--shared", tmp_path / "off.yaml")
+    assert (code, out) == (0, "") and "no shared admission policy is needed" in err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["render"], "error: render: give POLICY.yaml (or --shared for the shared admission policies alone)\n"),
+    (["render", "--shared", "--values-only"],
+     "error: render --shared prints the shared admission policies alone; drop --values-only\n"),
+    (["render", "--shared", "--node-capacity", "1Gi", "--proposal", "x.csv"],
+     "error: render --shared prints the shared admission policies alone; drop --node-capacity, --proposal\n"),
+])
+def test_render_without_a_policy_or_with_shared_and_another_output_is_refused(capsys, argv, expected):
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (2, "", expected)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

@@ -163,7 +163,7 @@ def _gathered(body: dict, live: dict, trigger: str, previous=None) -> Gathered:
 def _live_objects(body: dict) -> dict:
     rendered = render_policy(parse_policy(body))
     objects = {}
-    for obj in [*rendered.runtime_classes, *rendered.configmaps, *rendered.admission]:
+    for obj in [*rendered.runtime_classes, *rendered.configmaps, *rendered.shared, *rendered.admission]:
         obj = copy.deepcopy(obj)
         obj["metadata"].update(uid=f"uid-{obj['metadata']['name']}", resourceVersion="5")
         objects[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = obj

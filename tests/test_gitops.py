@@ -40,7 +40,8 @@ def documents(path: Path) -> list[dict]:
 def objects(directory: Path) -> list[dict]:
     """Every object of the YAML files under `directory`, as Flux's generated kustomization or
     an Argo CD directory source would read them."""
-    return [doc for path in sorted(directory.rglob("*.yaml")) if not NOT_OBJECTS & set(path.parts)
+    return [doc for path in sorted(directory.rglob("*.yaml"))
+            if not NOT_OBJECTS & set(path.parts) and path.name != "kustomization.yaml"  # kustomize's, not an object
             for doc in documents(path)]
 
 
@@ -92,7 +93,7 @@ def test_flux_applies_the_operator_then_the_policies_then_kata_deploy_from_git(k
         path = ROOT / spec["path"]
         assert path.is_dir() and spec["path"].startswith("./"), spec["path"]
         applied[name] = {o["kind"] for o in objects(path)}
-    assert applied == {"kata-sizing": {"HelmRelease"}, "kata-sizing-policies": {"KataSizingPolicy"},
+    assert applied == {"kata-sizing": {"Namespace", "HelmRelease"}, "kata-sizing-policies": {"KataSizingPolicy"},
                        "kata-deploy": {"OCIRepository", "HelmRelease"}}
     # The policies wait for the operator's Kustomization to be Ready, which with wait: true
     # means its HelmRelease is: the CRD installed, the operator rolled out.
@@ -108,13 +109,20 @@ def test_flux_objects_sit_in_namespaces_an_empty_cluster_has(kustomizations) -> 
     for path in [FLUX / "kustomizations.yaml", *(ROOT / k["spec"]["path"] for k in kustomizations.values())]:
         for obj in objects(path) if path.is_dir() else documents(path):
             namespace = obj["metadata"].get("namespace")
-            if obj["kind"] == "KataSizingPolicy":
+            if obj["kind"] in ("KataSizingPolicy", "Namespace"):
                 assert namespace is None  # cluster-scoped
             else:
                 assert namespace in EMPTY_CLUSTER_NAMESPACES, f"{obj['kind']} {obj['metadata']['name']} in {namespace}"
     operator = find(objects(FLUX / "operator"), "HelmRelease")
     assert operator["spec"]["targetNamespace"] == "kata-sizing" != operator["metadata"]["namespace"]
-    assert operator["spec"]["install"]["createNamespace"] is True
+    # The Kustomization applies the target namespace itself (Flux applies Namespaces first), with
+    # the Pod Security level the operator pod meets, as manifests/ and the Argo CD path give it.
+    namespace = find(objects(FLUX / "operator"), "Namespace")
+    assert namespace["metadata"]["name"] == operator["spec"]["targetNamespace"]
+    assert namespace["metadata"]["labels"] == documents(ROOT / "manifests" / "namespace.yaml")[0]["metadata"]["labels"]
+    argo = find(objects(ARGOCD / "apps"), "Application", "kata-sizing")["spec"]["syncPolicy"]
+    assert argo["managedNamespaceMetadata"]["labels"].items() <= namespace["metadata"]["labels"].items()
+    assert "createNamespace" not in operator["spec"].get("install", {})
     # The release keeps the plain name, so its objects are named as manifests/ names them.
     assert operator["spec"]["releaseName"] == "kata-sizing"
     assert operator["spec"]["chart"]["spec"]["sourceRef"] == {"kind": "GitRepository", "name": "kata-sizing"}
@@ -216,6 +224,9 @@ def policy_with(generation: int, observed: int | None, ready: tuple[str, str, st
            "metadata": {"name": "qemu-rs", "generation": generation}, "spec": {"shim": "qemu-runtime-rs"}}
     if observed is not None:
         conditions = [{"type": "Valid", "status": "True", "reason": "PolicyValid", "message": "all sizing rules hold"}]
+        if ready and ready[1] == "PolicyInvalid":  # the operator says why in Valid, and only that in Ready
+            conditions = [{"type": "Valid", "status": "False", "reason": "PolicyInvalid",
+                           "message": "class s: podFixed.memory 256Mi is not above overhead_memory 512Mi"}]
         if ready:
             conditions.append({"type": "Ready", "status": ready[0], "reason": ready[1], "message": ready[2]})
         obj["status"] = {"observedGeneration": observed, "conditions": conditions}
@@ -229,7 +240,7 @@ def policy_with(generation: int, observed: int | None, ready: tuple[str, str, st
     (policy_with(2, 2, None), ("Progressing", "waiting for the kata-sizing operator")),
     (policy_with(2, 2, ("True", "InSync", "")), ("Healthy", "InSync")),
     (policy_with(2, 2, ("False", "PolicyInvalid", "the policy is invalid")),
-     ("Degraded", "PolicyInvalid: the policy is invalid")),
+     ("Degraded", "PolicyInvalid: class s: podFixed.memory 256Mi is not above overhead_memory 512Mi")),
     (policy_with(2, 2, ("False", "RuntimeClassMissing", "kata-deploy has not created RuntimeClass kata-qemu-rs-s")),
      ("Progressing", "RuntimeClassMissing: kata-deploy has not created RuntimeClass kata-qemu-rs-s")),
     (policy_with(2, 2, ("Unknown", "Pending", "")), ("Progressing", "Pending")),
@@ -277,7 +288,9 @@ def test_the_operator_chart_renders_with_the_examples_values(tmp_path: Path, pat
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
-    assert {"ServiceMonitor", "PrometheusRule", "Deployment"} <= kinds
+    # With only Flux's or Argo CD's CRDs in the cluster: nothing of the Prometheus Operator's.
+    assert "Deployment" in kinds and not {"ServiceMonitor", "PrometheusRule"} & kinds
+    assert {"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"} <= kinds  # the shared admission policies
 
 
 # --- kata-sizing render --values-only ----------------------------------------------------------
@@ -318,3 +331,101 @@ def test_values_only_refuses_two_policies_rendering_the_same_runtime(tmp_path: P
     assert ("RuntimeClass kata-qemu-rs-s (class s) is also RuntimeClass kata-qemu-rs-s of policy 'qemu-rs'"
             in result.stderr)
     assert "Traceback" not in result.stderr
+
+
+# --- without the operator: committed renders, one application per team ---------------------------
+
+RENDERS = GITOPS / "renders"
+
+
+def test_each_team_commits_exactly_what_render_prints() -> None:
+    committed = RENDERS / "team-a" / "team-a.yaml"
+    result = run_cli("render", str(RENDERS / "policies" / "team-a.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert committed.read_text() == result.stdout, (
+        f"stale: kata-sizing render {(RENDERS / 'policies' / 'team-a.yaml').relative_to(ROOT)} > "
+        f"{committed.relative_to(ROOT)}")
+    kustomization = documents(RENDERS / "team-a" / "kustomization.yaml")[0]
+    assert kustomization["resources"] == [committed.name]
+
+
+def _granted(rules: list[dict]) -> dict[str, tuple[set[str], set[str]]]:
+    """{resource: (names, verbs)} of a role's rules (each rule names one resource here)."""
+    found = {}
+    for rule in rules:
+        (resource,) = rule["resources"]
+        found[resource] = (set(rule["resourceNames"]), set(rule["verbs"]))
+    return found
+
+
+def test_a_teams_identity_may_write_exactly_the_objects_of_its_render() -> None:
+    platform = documents(RENDERS / "platform" / "team-a.yaml")
+    rendered = documents(RENDERS / "team-a" / "team-a.yaml")
+    plurals = {"ConfigMap": "configmaps", "RuntimeClass": "runtimeclasses",
+               "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+               "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings"}
+    wanted: dict[str, set[str]] = {}
+    for obj in rendered:
+        wanted.setdefault(plurals[obj["kind"]], set()).add(obj["metadata"]["name"])
+    role = find(platform, "Role")
+    cluster_role = find(platform, "ClusterRole")
+    granted = {**_granted(role["rules"]), **_granted(cluster_role["rules"])}
+    assert {r: names for r, (names, _) in granted.items()} == wanted
+    # What a server-side apply and a prune do, and nothing else (no list, no update, no escalate).
+    assert all(verbs == {"get", "create", "patch", "delete"} for _, verbs in granted.values())
+    namespaces = {o["metadata"]["namespace"] for o in rendered if o["kind"] == "ConfigMap"}
+    assert namespaces == {role["metadata"]["namespace"]} == {find(platform, "Namespace")["metadata"]["name"]}
+    account = find(platform, "ServiceAccount")
+    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+               "namespace": account["metadata"]["namespace"]}
+    assert find(platform, "RoleBinding")["subjects"] == find(platform, "ClusterRoleBinding")["subjects"] == [subject]
+
+
+def test_flux_applies_the_shared_policies_and_the_teams_identity_before_the_teams_render() -> None:
+    found = documents(RENDERS / "flux.yaml")
+    kustomizations = {k["metadata"]["name"]: k["spec"] for k in found if k["kind"] == "Kustomization"}
+    assert kustomizations["kata-sizing-admission"]["path"] == "./manifests/admission"
+    assert kustomizations["kata-sizing-tenants"]["path"] == "./examples/gitops/renders/platform"
+    team = kustomizations["team-a"]
+    assert team["dependsOn"] == [{"name": "kata-sizing-admission"}, {"name": "kata-sizing-tenants"}]
+    assert team["serviceAccountName"] == find(documents(RENDERS / "platform" / "team-a.yaml"),
+                                              "ServiceAccount")["metadata"]["name"]
+    for spec in kustomizations.values():
+        assert (ROOT / spec["path"]).is_dir() and spec["prune"] is True
+    assert all(o["metadata"]["namespace"] in EMPTY_CLUSTER_NAMESPACES for o in found)
+
+
+def _kustomize(directory: Path) -> subprocess.CompletedProcess:
+    kubectl = find_tool("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not at .tools/kubectl nor on PATH (run `make tools`)")
+    return subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_kustomize_accepts_a_kustomization_listing_several_policies_renders(tmp_path: Path) -> None:
+    """Several teams' renders (and the shared admission policies) in one kustomization, as a Flux
+    Kustomization builds it: every object once. A render that carried the shared policies too is
+    what kustomize refuses."""
+    policy = documents(RENDERS / "policies" / "team-a.yaml")[0]
+    files = []
+    for team in ("team-a", "team-b", "team-c"):
+        body = json.loads(json.dumps(policy))
+        body["metadata"]["name"] = team
+        body["spec"]["output"]["namespace"] = team
+        (tmp_path / f"{team}-policy.yaml").write_text(yaml.safe_dump(body))
+        result = run_cli("render", str(tmp_path / f"{team}-policy.yaml"))
+        assert result.returncode == 0, result.stderr
+        (tmp_path / f"{team}.yaml").write_text(result.stdout)
+        files.append(f"{team}.yaml")
+    (tmp_path / "shared.yaml").write_text(run_cli("render", "--shared").stdout)
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": [*files, "shared.yaml"]}))
+    built = _kustomize(tmp_path)
+    assert built.returncode == 0, built.stderr
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout)]
+    assert len(keys) == len(set(keys)) == 3 * 9 + 3
+    # A second copy of the shared policies (a render that printed them with each policy) is refused.
+    (tmp_path / "again.yaml").write_text((tmp_path / "shared.yaml").read_text())
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": [*files, "shared.yaml", "again.yaml"]}))
+    refused = _kustomize(tmp_path)
+    assert refused.returncode != 0 and "already registered id" in refused.stderr

@@ -25,7 +25,7 @@ from tests.realcluster import (
     CRD_NAME, POLICIES, REQUIRE_ENV, ControlPlane, RealOperator, poll, require_binary,
 )
 from tests.test_chart import CHART, EVERYTHING_ON, find_tool
-from tests.test_gitops import ARGOCD, FLUX, ROOT, documents, objects, wave
+from tests.test_gitops import ARGOCD, FLUX, RENDERS, ROOT, documents, objects, wave
 
 pytestmark = pytest.mark.realserver
 
@@ -74,22 +74,41 @@ def install_crds(cp: ControlPlane, *directories: Path) -> None:
 @pytest.fixture(scope="module")
 def empty_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of its own with nothing of kata-sizing on it: Flux's and Argo CD's CRDs
-    and namespaces (what installing them creates), the Prometheus Operator's and cert-manager's
-    CRDs; no kata-sizing CRD, no kata-sizing namespace."""
+    and namespaces (what installing them creates), and no other CRD (the GitOps examples apply
+    with only those); no kata-sizing CRD, no kata-sizing namespace."""
     require_binary()
     require_crds()
     cp = ControlPlane(tmp_path_factory.mktemp("empty-cluster"))
     try:
         cp.start()
-        install_crds(cp, *(CRDS / project for project in ("flux", "argocd", "prometheus-operator", "cert-manager")))
+        install_crds(cp, *(CRDS / project for project in ("flux", "argocd")))
         for namespace in ("flux-system", "argocd"):
             cp.kubectl("create", "namespace", namespace)
         # Established is not yet servable for a moment (429 "storage is (re)initializing").
-        poll(lambda: cp.kubectl("get", "kustomizations,applications,servicemonitors,certificates", "-A",
-                                check=False).returncode == 0, 30, "the third-party CRDs are served")
+        poll(lambda: cp.kubectl("get", "kustomizations,applications", "-A", check=False).returncode == 0, 30,
+             "the third-party CRDs are served")
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(empty_cluster: ControlPlane) -> ControlPlane:
+    """The Prometheus Operator's and cert-manager's CRDs, for the chart's optional objects (after
+    the GitOps paths, which must apply without them)."""
+    cp = empty_cluster
+    install_crds(cp, *(CRDS / project for project in ("prometheus-operator", "cert-manager")))
+    poll(lambda: cp.kubectl("get", "servicemonitors,certificates", "-A", check=False).returncode == 0, 30,
+         "the Prometheus Operator's and cert-manager's CRDs are served")
+    return cp
+
+
+def only_gitops_crds(cp: ControlPlane) -> bool:
+    """No CRD but Flux's, Argo CD's and kata-sizing's own (the Prometheus Operator's and
+    cert-manager's are not installed)."""
+    groups = {name.rpartition("/")[2].partition(".")[2] for name in cp.kubectl("get", "crd", "-o", "name").stdout.split()}
+    return groups <= {"toolkit.fluxcd.io", "source.toolkit.fluxcd.io", "kustomize.toolkit.fluxcd.io",
+                      "helm.toolkit.fluxcd.io", "argoproj.io", "katasizing.dev"}
 
 
 def test_the_pinned_versions_are_the_ones_fetched() -> None:
@@ -125,6 +144,7 @@ def test_the_flux_path_applies_from_an_empty_cluster(empty_cluster: ControlPlane
     order, and for a HelmRelease what the helm-controller installs (its namespace created, the
     chart's CRDs, the chart's objects). Every object is really created; none is a dry run."""
     cp = empty_cluster
+    assert only_gitops_crds(cp)
     entry = FLUX / "kustomizations.yaml"
     apply(cp, "-f", str(entry))
     kustomizations = [d for d in documents(entry) if d["kind"] == "Kustomization"]
@@ -174,6 +194,7 @@ def test_the_argo_cd_path_applies_from_an_empty_cluster(empty_cluster: ControlPl
     """The health checks merged into an existing argocd-cm, the root Application, its Applications
     wave by wave, and what each one syncs (server-side dry runs: the Flux test created the same)."""
     cp = empty_cluster
+    assert only_gitops_crds(cp)
     cp.kubectl("create", "configmap", "argocd-cm", "-n", "argocd", "--from-literal=url=https://argocd.example")
     cp.kubectl("patch", "configmap", "argocd-cm", "-n", "argocd", "--patch-file", str(ARGOCD / "argocd-cm.yaml"))
     data = json.loads(cp.kubectl("get", "configmap", "argocd-cm", "-n", "argocd", "-o", "json").stdout)["data"]
@@ -203,6 +224,59 @@ def test_the_argo_cd_path_applies_from_an_empty_cluster(empty_cluster: ControlPl
     apply(cp, "--dry-run=server", "-f", str(ROOT / stored["kata-sizing-policies"]["spec"]["source"]["path"]))
 
 
+# --- without the operator: a team's render as the team's identity --------------------------------
+
+
+def test_a_teams_render_applies_as_its_least_privilege_identity_on_an_empty_cluster(empty_cluster: ControlPlane) -> None:
+    """As Flux applies examples/gitops/renders/flux.yaml: the platform's Kustomizations as Flux
+    itself (the shared admission policies of manifests/admission/, the team's namespace and
+    identity), then the team's committed render as the team's ServiceAccount, which Flux
+    impersonates: each object read, every object dry-run server-side before any is applied (what
+    Flux does), applied, judging the team's pods, and pruned; and nothing more is allowed."""
+    cp = empty_cluster
+    apply(cp, "-f", str(RENDERS / "flux.yaml"))
+    apply(cp, "-k", str(ROOT / "manifests" / "admission"))
+    apply(cp, "-k", str(RENDERS / "platform"))
+    render = RENDERS / "team-a" / "team-a.yaml"
+    team = "--as=system:serviceaccount:flux-system:kata-sizing-team-a"
+
+    def as_team(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return cp.kubectl(*args, team, check=check, input=input)
+
+    assert as_team("get", "--ignore-not-found", "-o", "name", "-f", str(render)).stdout == ""
+    ssa = ("apply", "--server-side", "--field-manager=kustomize-controller")
+    dry = as_team(*ssa, "--dry-run=server", "-f", str(render))
+    assert dry.stdout.count("(server dry run)") == len(documents(render)) == 9, dry.stdout
+    as_team(*ssa, "-f", str(render))
+    too_big = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "too-big", "namespace": "team-a"},
+               "spec": {"runtimeClassName": "kata-team-a-s", "containers": [{
+                   "name": "c", "image": "registry.k8s.io/pause:3.10",
+                   "resources": {"limits": {"cpu": "1", "memory": "3Gi"}}}]}}
+    refused = poll(lambda: (lambda p: p if p.returncode != 0 else None)(cp.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(too_big), check=False)), 30,
+        "the team's too-big pod refused")
+    assert "ValidatingAdmissionPolicy 'kata-sizing-envelope-v1' with binding 'kata-sizing-team-a-envelope'" \
+        in refused.stderr
+
+    # Nothing beyond its render: another name, another namespace, the shared policies.
+    for denied in (("create", "runtimeclasses/kata-team-b-s"), ("create", "configmaps", "-n", "kube-system"),
+                   ("create", "validatingadmissionpolicybindings/kata-sizing-team-b-envelope"),
+                   ("patch", "validatingadmissionpolicies/kata-sizing-envelope-v1"), ("list", "configmaps", "-n", "team-a")):
+        assert as_team("auth", "can-i", *denied, check=False).stdout.strip() == "no", denied
+    # A binding may name only parameters the identity may read: the API server checks it.
+    binding = next(o for o in documents(render) if o["metadata"]["name"] == "kata-sizing-team-a-envelope")
+    binding["spec"]["paramRef"]["name"] = "team-b-dropins"
+    elsewhere = as_team(*ssa, "--dry-run=server", "-f", "-", input=yaml.safe_dump(binding), check=False)
+    assert elsewhere.returncode != 0 and 'does not have "get" permission on the object referenced by paramRef' \
+        in elsewhere.stderr, elsewhere.stderr
+
+    # The team's prune: every object of its render, by the same identity.
+    as_team("delete", "-f", str(render))
+    assert cp.kubectl("get", "--ignore-not-found", "-o", "name", "-f", str(render)).stdout == ""
+    assert cp.kubectl("get", "validatingadmissionpolicies", "-l", "katasizing.dev/shared=admission",
+                      "-o", "name").stdout.split()  # the platform's stay
+
+
 # --- the chart's optional objects ---------------------------------------------------------------
 
 
@@ -215,10 +289,10 @@ def test_the_argo_cd_path_applies_from_an_empty_cluster(empty_cluster: ControlPl
     ["--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false",
      "--set", "webhook.caBundle=Q0FCVU5ETEU=", "--set", "webhook.tlsSecretName=mine"],
 ], ids=["everything-on", "cluster-issuer", "own-ca"])
-def test_every_chart_object_is_valid_on_the_real_server(empty_cluster: ControlPlane, values: list[str]) -> None:
+def test_every_chart_object_is_valid_on_the_real_server(monitoring_crds: ControlPlane, values: list[str]) -> None:
     """ServiceMonitor, PrometheusRule, Certificate and Issuer against their projects' CRDs, and
     everything else against the API server's own schemas."""
-    cp = empty_cluster
+    cp = monitoring_crds
     ensure_namespace(cp, "kata-sizing")
     rendered = helm_template("kata-sizing", str(CHART), "-n", "kata-sizing", *values)
     kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
@@ -228,9 +302,31 @@ def test_every_chart_object_is_valid_on_the_real_server(empty_cluster: ControlPl
     assert "(server dry run)" in result.stdout
 
 
-def test_names_go_yaml_would_misread_are_accepted_by_the_server(empty_cluster: ControlPlane) -> None:
-    """Release `y` in namespace `n`, with values `on`, `yes`, `off`: every object the server takes."""
+def test_output_namespaces_limit_the_operators_configmap_writes_on_the_real_authorizer(
+        empty_cluster: ControlPlane) -> None:
+    """The chart's rbac.outputNamespaces, its RBAC objects created and asked (`kubectl auth
+    can-i` as the operator's ServiceAccount): ConfigMap writes in the listed namespaces only,
+    reads everywhere (the cache, and the paramKind check on creating a shared admission policy)."""
     cp = empty_cluster
+    for namespace in ("scoped", "scoped-out"):
+        ensure_namespace(cp, namespace)
+    rendered = helm_template("scoped", str(CHART), "-n", "scoped", "--set", "rbac.outputNamespaces={scoped-out}",
+                             "--set", "admissionPolicies.create=false")
+    rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in
+            ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    apply(cp, "-f", "-", input=yaml.safe_dump_all(rbac))
+    operator = "--as=system:serviceaccount:scoped:scoped-kata-sizing"
+
+    def can(*args: str) -> str:
+        return cp.kubectl("auth", "can-i", *args, operator, check=False).stdout.strip()
+    assert [can(verb, "configmaps", "-n", "scoped-out") for verb in ("create", "update", "delete")] == ["yes"] * 3
+    assert [can(verb, "configmaps", "-n", "kube-system") for verb in ("create", "update", "delete")] == ["no"] * 3
+    assert [can(verb, "configmaps", "-A") for verb in ("get", "list", "watch")] == ["yes"] * 3
+
+
+def test_names_go_yaml_would_misread_are_accepted_by_the_server(monitoring_crds: ControlPlane) -> None:
+    """Release `y` in namespace `n`, with values `on`, `yes`, `off`: every object the server takes."""
+    cp = monitoring_crds
     ensure_namespace(cp, "n")
     rendered = helm_template("y", str(CHART), "-n", "n", *EVERYTHING_ON, "--set", "serviceAccount.name=on",
                              "--set", "priorityClassName=yes", "--set", "metrics.prometheusRule.severity=off")
@@ -278,9 +374,12 @@ def test_the_health_check_reads_the_status_the_operator_writes(control_plane: Co
     assert result["status"] == "Progressing"
     assert result["message"].startswith("RuntimeClassMissing: kata-deploy has not created RuntimeClass kata-argo-waiting-s")
 
-    result = health(HEALTH / "katasizingpolicy.lua", settled(cp, "argo-invalid", "False"))
+    invalid_now = settled(cp, "argo-invalid", "False")
+    result = health(HEALTH / "katasizingpolicy.lua", invalid_now)
     assert result["status"] == "Degraded"
-    assert result["message"].startswith("PolicyInvalid: ")
+    # Why it is invalid (the Valid condition's message), not only that it is.
+    valid = next(c for c in invalid_now["status"]["conditions"] if c["type"] == "Valid")
+    assert result["message"] == f"PolicyInvalid: {valid['message']}" and "podFixed" in valid["message"]
 
     # A change the operator has not seen yet (it is stopped): back to Progressing.
     real_operator.stop()

@@ -71,7 +71,7 @@ def test_a_class_cpu_past_int64_millicores_is_refused_naming_the_field(capsys, w
 def test_the_largest_class_cpu_renders_the_largest_cel_literal(capsys, write):
     code, out, _ = run(capsys, "render", write(policy_text(f'classes: [{{name: s, cpu: "{INT64_MAX}m", memory: 1Gi}}]')))
     assert code == 0
-    (params,) = [d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "p-admission"]
+    (params,) = [d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "p-dropins"]
     # The shared CEL reads it with int(), which takes every int64.
     assert params["data"]["classCpu"] == str(INT64_MAX)
 
@@ -305,10 +305,8 @@ def test_the_policy_says_what_admission_does_with_them(capsys, write):
 def test_every_policy_binds_the_same_cel_and_only_its_parameters_say_which_classes_kata_refuses():
     zero = render_policy(parse_policy(yaml.safe_load(ZERO)))
     example = render_policy(parse_policy(yaml.safe_load(EXAMPLE.read_text())))
-    shared = [[o for o in r.admission if not o["kind"].endswith("Binding") and o["kind"] != "ConfigMap"]
-              for r in (zero, example)]
-    assert shared[0] == shared[1] and len(shared[0]) == 3
-    params = [next(o["data"] for o in r.admission if o["kind"] == "ConfigMap") for r in (zero, example)]
+    assert zero.shared == example.shared and len(zero.shared) == 3
+    params = [r.configmaps[1]["data"] for r in (zero, example)]  # the drop-ins', with the parameters
     assert (params[0]["defaultZero"], params[0]["overheadZero"]) == ("true,false", "false,true")
     assert (params[1]["defaultZero"], params[1]["overheadZero"]) == ("false,false,false,false",) * 2
 

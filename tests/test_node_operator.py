@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kata_sizing.core.podfit import SHARED_NAMES
 from tests import image as img
 from tests.nodeoperator import (
     NAMESPACE, POLICY_FILE, RELEASE, SCHEDULING_HANDLER, OperatorRelease, cached_objects, cli, events,
@@ -271,7 +272,7 @@ def test_a_pod_over_every_envelope_is_refused_at_admission(release: OperatorRele
         (finding,) = explained["admission"]["findings"]
         refused = create_pod(node, body)
         assert refused.returncode != 0, refused.stdout
-        assert f"ValidatingAdmissionPolicy 'kata-sizing-envelope' with binding 'kata-sizing-{NAME}-envelope'" in refused.stderr, \
+        assert f"ValidatingAdmissionPolicy '{SHARED_NAMES['envelope']}' with binding 'kata-sizing-{NAME}-envelope'" in refused.stderr, \
             refused.stderr
         assert finding["message"] in refused.stderr, (finding, refused.stderr)
         assert node.cp.get(node.pod_path(body)) is None

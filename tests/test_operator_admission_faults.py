@@ -9,6 +9,7 @@ import re
 import pytest
 
 from kata_sizing.controller import conditions as cond
+from kata_sizing.core.podfit import SHARED_NAMES
 from tests.conftest import _operator_cluster
 from tests.harness.emulator import default_resources
 from tests.operator_helpers import (
@@ -25,9 +26,9 @@ MAP = f"{ADMISSION}/mutatingadmissionpolicies"
 MAPB = f"{ADMISSION}/mutatingadmissionpolicybindings"
 VAP_PATH = re.compile(r"^/apis/admissionregistration\.k8s\.io/v1/validatingadmissionpolicies")
 # The shared admission policies, and the policy's bindings of them.
-NAMES = {VAP: {"kata-sizing-envelope", "kata-sizing-memory-limit"},
+NAMES = {VAP: {SHARED_NAMES["envelope"], SHARED_NAMES["memory"]},
          VAPB: {"kata-sizing-gate-envelope", "kata-sizing-gate-memory-limit"},
-         MAP: {"kata-sizing-route"}, MAPB: {"kata-sizing-gate-route"}}
+         MAP: {SHARED_NAMES["route"]}, MAPB: {"kata-sizing-gate-route"}}
 
 
 def admission_names(emu, policy: str = NAME) -> dict[str, set[str]]:
@@ -83,8 +84,8 @@ def test_after_a_dropped_watch_a_deleted_admission_policy_is_still_recreated(clu
     settle(emu)
     assert emu.drop_watches(MAP) >= 1
     # The routing policy every policy binds: a pass of the policy that binds it puts it back.
-    emu.objects(MAP).delete("kata-sizing-route")
-    wait_for(lambda: emu.objects(MAP).get("kata-sizing-route"), 10)
+    emu.objects(MAP).delete(SHARED_NAMES["route"])
+    wait_for(lambda: emu.objects(MAP).get(SHARED_NAMES["route"]), 10)
     wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, 5)
 
 
@@ -112,5 +113,5 @@ def test_without_a_mutating_admission_policy_served_auto_routing_leaves_it_to_th
     # A policy that asks for the MutatingAdmissionPolicy by name is told it cannot have one.
     wait_observed(emu, "insists", Ready="True")
     warnings = status(emu, "insists").get("warnings") or []
-    assert any("does not serve MutatingAdmissionPolicy kata-sizing-route" in w for w in warnings), warnings
+    assert any(f"does not serve MutatingAdmissionPolicy {SHARED_NAMES['route']}" in w for w in warnings), warnings
     assert any("does not serve MutatingAdmissionPolicyBinding kata-sizing-insists-route" in w for w in warnings)

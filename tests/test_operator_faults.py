@@ -34,7 +34,7 @@ def test_a_burst_of_server_errors_on_runtime_class_writes_backs_off_and_then_app
     settle(emu)
     assert burst.hits == 3
     assert set(runtime_classes(emu)) == RC_NAMES
-    assert len(config_maps(emu)) == 4  # values, drop-ins, guidance, admission parameters
+    assert len(config_maps(emu)) == 3  # values, drop-ins (with the admission parameters), guidance
     failed = [r for r in emu.requests("POST", RC_PATH) if r.status == 500]
     assert len(failed) == 3
     # One retry per failure, through the back-off, not a tight loop.

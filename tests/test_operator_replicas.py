@@ -28,7 +28,7 @@ pytestmark = pytest.mark.emulator
 
 NAME = "qemu-rs"
 RC_NAMES = {f"kata-qemu-rs-{c}" for c in ("s", "m", "l", "xl")}
-CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance", f"{NAME}-admission"}
+CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance"}
 LEASE_NS = "kata-sizing"
 # Short, to keep the tests quick; the order (retry < renew deadline < duration) is client-go's.
 # Two operators in one process share the GIL, so a busy pass can delay the other's renewal.

@@ -11,8 +11,10 @@ import re
 import pytest
 
 from kata_sizing.controller import conditions as cond
+from kata_sizing.core import podfit
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
+from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import (
     handler_runs,
     CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RC_PATH, RUNTIME_CLASSES, STATUS_PATH,
@@ -27,8 +29,8 @@ NAME = "qemu-rs"
 CLASSES = ("s", "m", "l", "xl")
 RC_NAMES = {f"kata-qemu-rs-{c}" for c in CLASSES}
 # The node guidance ConfigMap exists even with no Kata nodes in the cluster (it says so).
-# The values overlay, the drop-ins, the node guidance and the admission parameters.
-CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance", f"{NAME}-admission"}
+# The values overlay, the drop-ins (with the admission parameters) and the node guidance.
+CM_NAMES = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-node-guidance"}
 # Generous functional bounds; how fast drift is put back is the bench's business.
 DRIFT_TIMEOUT_S = 5
 
@@ -89,7 +91,9 @@ def test_create_makes_four_runtime_classes_three_configmaps_status_and_an_applie
         flux = {"reconcile.fluxcd.io/watch": "Enabled"} if want["metadata"]["name"].endswith("-values") else {}
         assert have["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: NAME, **flux}
         assert [o["uid"] for o in have["metadata"]["ownerReferences"]] == [uid]
-    assert set(cms[f"{NAME}-dropins"]["data"]) == {f"{c}.toml" for c in CLASSES}
+    # One drop-in per class, and the admission parameters the bindings name.
+    assert set(cms[f"{NAME}-dropins"]["data"]) == {f"{c}.toml" for c in CLASSES} | set(
+        podfit.params_data(size_policy(parse_policy(policy(emu, NAME)))))
 
     st = status(emu, NAME)
     assert st["observedGeneration"] == body["metadata"]["generation"] == 1
@@ -129,9 +133,9 @@ def test_changing_one_class_rewrites_only_that_runtime_class_and_the_configmaps(
 
     rc_writes, cm_writes = writes(emu, RC_PATH), writes(emu, CM_PATH)
     assert describe_writes(rc_writes) == ["PUT /apis/node.k8s.io/v1/runtimeclasses/kata-qemu-rs-m -> 200"]
-    # The values overlay, the drop-ins and the admission parameters name the class's sizes; the
-    # guidance (no nodes) does not. The admission policies' CEL is not rewritten, nor any binding.
-    changed_cms = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins", f"{NAME}-admission"}
+    # The values overlay and the drop-ins (with the admission parameters) name the class's sizes;
+    # the guidance (no nodes) does not. The admission policies' CEL is not rewritten, nor any binding.
+    changed_cms = {f"{NAME}-kata-deploy-values", f"{NAME}-dropins"}
     assert sorted(describe_writes(cm_writes)) == sorted(
         f"PUT /api/v1/namespaces/{OUTPUT_NAMESPACE}/configmaps/{n} -> 200" for n in changed_cms)
     assert describe_writes(writes(emu, re.compile("/apis/admissionregistration"))) == []
@@ -176,7 +180,8 @@ def test_adding_and_removing_a_class_creates_and_deletes_its_runtime_class(clust
         n: before[n] for n in ("kata-qemu-rs-m", "kata-qemu-rs-l")}
     assert sorted((r.method, n) for r, n in zip(writes(emu, RC_PATH), named(writes(emu, RC_PATH)))) == [
         ("DELETE", "kata-qemu-rs-s"), ("POST", "kata-qemu-rs-xl")]
-    assert set(config_maps(emu)[f"{NAME}-dropins"]["data"]) == {"m.toml", "l.toml", "xl.toml"}
+    assert {k for k in config_maps(emu)[f"{NAME}-dropins"]["data"] if k.endswith(".toml")} == {
+        "m.toml", "l.toml", "xl.toml"}
     assert [c["name"] for c in status(emu, NAME)["classes"]] == ["m", "l", "xl"]
     # The event is posted by kopf's poster, after the status write.
     message = wait_for(lambda: next((m for m in event_messages(emu, cond.EVENT_APPLIED)

@@ -4,6 +4,7 @@ table through the CEL on the real API server and compares the two verdicts pod b
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -259,42 +260,65 @@ def test_spec_admission_is_validated() -> None:
 
 def test_rendered_admission_objects() -> None:
     rendered = render_policy(parse_policy(POLICY))
-    kinds = [(o["kind"], o["metadata"]["name"]) for o in rendered.admission]
-    assert kinds == [
-        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-envelope"),
-        ("MutatingAdmissionPolicy", "kata-sizing-route"),
-        ("ConfigMap", "fit-admission"),
+    assert [(o["kind"], o["metadata"]["name"]) for o in rendered.shared] == [
+        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
+        ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
+        ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
+    ]
+    assert [(o["kind"], o["metadata"]["name"]) for o in rendered.admission] == [
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-memory-limit"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-envelope"),
         ("MutatingAdmissionPolicyBinding", "kata-sizing-fit-route"),
     ]
-    shared, own = rendered.admission[:3], rendered.admission[3:]
-    for obj in shared:
+    for obj in rendered.shared:
         assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kata-sizing",
                                              "katasizing.dev/shared": "admission"}
+        # No GitOps application's prune takes them (docs/gitops.md).
+        assert obj["metadata"]["annotations"] == {"kustomize.toolkit.fluxcd.io/prune": "disabled",
+                                                  "argocd.argoproj.io/sync-options": "Prune=false"}
         assert obj["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
         text = json.dumps(obj["spec"])
         assert "kata-fit-" not in text and '\\"fit\\"' not in text and "policy fit" not in text  # nothing of this policy
-    for obj in own:
+    for obj in rendered.admission:
         assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kata-sizing",
                                              "katasizing.dev/policy": "fit"}
         assert "ownerReferences" not in obj["metadata"]
-    bindings = {o["metadata"]["name"]: o["spec"] for o in rendered.admission if o["kind"].endswith("Binding")}
+    bindings = {o["metadata"]["name"]: o["spec"] for o in rendered.admission}
+    assert [b["policyName"] for b in bindings.values()] == [o["metadata"]["name"] for o in rendered.shared]
     assert bindings["kata-sizing-fit-memory-limit"]["validationActions"] == ["Warn"]
     assert bindings["kata-sizing-fit-envelope"]["validationActions"] == ["Deny"]
     assert bindings["kata-sizing-fit-route"]["matchResources"]["namespaceSelector"] == {
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                               "values": ["fit-in", "fit-routed"]}]}
     for spec in bindings.values():
-        assert spec["paramRef"] == {"name": "fit-admission", "namespace": "kata-sizing",
-                                    "parameterNotFoundAction": "Deny"}
-    params = own[0]
+        assert spec["paramRef"] == {"name": "fit-dropins", "namespace": "kata-sizing",
+                                    "parameterNotFoundAction": "Allow"}
+    params = next(c for c in rendered.configmaps if c["metadata"]["name"] == "fit-dropins")
     assert params["metadata"]["namespace"] == "kata-sizing"
     assert params["data"]["runtimeClasses"] == ",".join(c.runtime_class for c in size_policy(parse_policy(POLICY)).classes)
+    # The parameters are written before the bindings that name them; the shared objects are not the policy's.
     assert rendered.objects()[-len(rendered.admission):] == rendered.admission
+    assert not [o for o in rendered.objects() if o in rendered.shared]
     webhook = render_policy(parse_policy({**POLICY, "spec": {**POLICY["spec"], "admission": {"routing": "Webhook"}}}))
-    assert [o["kind"] for o in webhook.admission if "Mutating" in o["kind"]] == []
+    assert [o["kind"] for o in webhook.admission + webhook.shared if "Mutating" in o["kind"]] == []
+    off = render_policy(parse_policy({**POLICY, "spec": {**POLICY["spec"], "admission": {"enabled": False}}}))
+    assert (off.admission, off.shared) == ([], [])
+    assert set(off.configmaps[1]["data"]) == {f"{c}.toml" for c in ("s", "m", "l")}
+
+
+# The parameters each version of the admission contract reads (podfit.ADMISSION_CONTRACT): a
+# change to these keys, or to what one means, is a new version (docs/gitops.md, upgrades).
+CONTRACT_KEYS = {"v1": {"classCpu", "classEnvelopes", "classMemory", "classNames", "defaultZero", "largestText",
+                        "overheadZero", "policy", "runtimeClasses", "sandboxZeroMessage"}}
+
+
+def test_the_parameters_are_the_keys_of_the_contract_the_shared_objects_are_named_for() -> None:
+    sizing = size_policy(parse_policy(POLICY))
+    assert set(podfit.params_data(sizing)) == CONTRACT_KEYS[podfit.ADMISSION_CONTRACT]
+    assert all(name.endswith(f"-{podfit.ADMISSION_CONTRACT}") for name in podfit.SHARED_NAMES.values())
+    cel = json.dumps(podfit.shared_admission_specs()).replace('\\"', "'")  # literals double-quoted
+    read = set(re.findall(r"params\.data\['(\w+)'\]", cel))
+    assert read == CONTRACT_KEYS[podfit.ADMISSION_CONTRACT]  # the CEL reads every key, and only those
 
 
 def test_owned_like_the_runtime_classes_when_the_policy_has_a_uid_and_the_shared_ones_by_none() -> None:
@@ -302,15 +326,16 @@ def test_owned_like_the_runtime_classes_when_the_policy_has_a_uid_and_the_shared
     body["metadata"]["uid"] = "0b7d6a51-3c1f-4e8e-a3a5-2f1d9c0e7b11"
     rendered = render_policy(parse_policy(body))
     owners = rendered.runtime_classes[0]["metadata"]["ownerReferences"]
-    assert all(o["metadata"]["ownerReferences"] == owners for o in rendered.admission[3:])
-    assert all("ownerReferences" not in o["metadata"] for o in rendered.admission[:3])
+    assert all(o["metadata"]["ownerReferences"] == owners for o in rendered.admission + rendered.configmaps)
+    assert all("ownerReferences" not in o["metadata"] for o in rendered.shared)
 
 
 def test_admission_objects_pass_the_kubernetes_schemas_strictly() -> None:
     import kubernetes_validate
 
     version = ".".join(kubernetes_validate.latest_version().split(".")[:2])
-    for obj in render_policy(parse_policy(POLICY)).admission:
+    rendered = render_policy(parse_policy(POLICY))
+    for obj in rendered.shared + rendered.admission:
         kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -423,5 +448,5 @@ def test_rendered_cel_has_no_single_quoted_literal() -> None:
             for item in value:
                 yield from expressions(item)
 
-    found = list(expressions(render_policy(parse_policy(POLICY)).admission))
+    found = list(expressions(render_policy(parse_policy(POLICY)).shared))
     assert len(found) > 30 and not [e for e in found if "'" in e]

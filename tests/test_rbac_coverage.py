@@ -18,6 +18,7 @@ from tests.operator_helpers import (
 )
 from kata_sizing.controller.leader import LeaseOptions
 from kata_sizing.core.render import MANAGED_BY_LABEL
+from kata_sizing.core.podfit import SHARED_NAMES
 from tests.test_manifests import (
     APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, granted_permissions,
 )
@@ -169,23 +170,23 @@ def _broad_scenario(cluster) -> None:
     wait_for(lambda: (get_rc(emu, "kata-qemu-rs-l") or {}).get("handler") == "kata-qemu-rs-l")
     # A hand deletion of each admission kind, and a create that meets 409 (somebody made one of
     # that name meanwhile): the operator reads it (get) before it writes again.
-    for kind, name in (("validatingadmissionpolicies", "kata-sizing-envelope"),
+    for kind, name in (("validatingadmissionpolicies", SHARED_NAMES["envelope"]),
                        ("validatingadmissionpolicybindings", "kata-sizing-qemu-rs-memory-limit"),
-                       ("mutatingadmissionpolicies", "kata-sizing-route"),
+                       ("mutatingadmissionpolicies", SHARED_NAMES["route"]),
                        ("mutatingadmissionpolicybindings", "kata-sizing-qemu-rs-route")):
         emu.fail_next(1, status=409, method="POST", path=f"/{kind}$")
         emu.objects(f"admissionregistration.k8s.io/v1/{kind}").delete(name)
         wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name))
     # A hand edit of each shared admission policy is put back (update).
-    for kind, name in (("validatingadmissionpolicies", "kata-sizing-envelope"),
-                       ("mutatingadmissionpolicies", "kata-sizing-route")):
+    for kind, name in (("validatingadmissionpolicies", SHARED_NAMES["envelope"]),
+                       ("mutatingadmissionpolicies", SHARED_NAMES["route"])):
         path = f"admissionregistration.k8s.io/v1/{kind}"
         edit(emu, path, name, lambda o: o["spec"].update(failurePolicy="Ignore"))
         wait_for(lambda path=path, name=name: emu.objects(path).get(name)["spec"]["failurePolicy"] == "Fail")
     for binding in ("validatingadmissionpolicybindings", "mutatingadmissionpolicybindings"):
         path = f"admissionregistration.k8s.io/v1/{binding}"
-        name, shared = (("kata-sizing-qemu-rs-envelope", "kata-sizing-envelope") if binding.startswith("validating")
-                        else ("kata-sizing-qemu-rs-route", "kata-sizing-route"))
+        name, shared = (("kata-sizing-qemu-rs-envelope", SHARED_NAMES["envelope"]) if binding.startswith("validating")
+                        else ("kata-sizing-qemu-rs-route", SHARED_NAMES["route"]))
         edit(emu, path, name, lambda o: o["spec"].update(policyName="elsewhere"))
         wait_for(lambda path=path, name=name, shared=shared: emu.objects(path).get(name)["spec"]["policyName"] == shared)
     edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))

@@ -1,8 +1,8 @@
 """The admission objects of a policy on the real kube-apiserver (tests/realcluster.py).
 
-What only the API server can decide: that it accepts the generated ValidatingAdmissionPolicies,
-MutatingAdmissionPolicy and bindings (schema, CEL compilation, type checking against the Pod
-schema); what their CEL says about every pod of tests/test_podfit.py's table, word for word
+What only the API server can decide: that it accepts the shared ValidatingAdmissionPolicies and
+MutatingAdmissionPolicy (the install's, `render --shared`) and a policy's bindings (schema, CEL
+compilation, type checking against the Pod schema); what their CEL says about every pod of tests/test_podfit.py's table, word for word
 against podfit's Python rule, `kata-sizing explain --pod` and `audit --pods`; each action
 (Deny, Warn, Audit) as kubectl shows it; the routing of opted-in pods at every envelope
 boundary, with the overhead and scheduling the RuntimeClass admission plugin adds; in-place
@@ -95,9 +95,10 @@ def fit_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
                   for name in (IN, OUT, ROUTED)]
     namespaces.append({"apiVersion": "v1", "kind": "Namespace",
                        "metadata": {"name": NAMESPACE_OPTED, "labels": {podfit.POLICY_LABEL: "fit"}}})
-    # Not the kata-deploy values and drop-ins; the admission parameters the bindings name, yes.
+    # Not the kata-deploy values; the drop-ins, which hold the admission parameters the bindings
+    # name, yes. The shared admission policies are the install's (manifests/admission/).
     objects = [o for o in rendered_objects(tmp, POLICY_BODY)
-               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == podfit.params_name("fit")]
+               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == "fit-dropins"]
     # The parameters' namespace, created if missing, never applied over: an apply would take the
     # Pod Security labels off the operator's own namespace.
     cp.kubectl("create", "namespace", objects[-1]["spec"]["paramRef"]["namespace"], check=False)
@@ -114,10 +115,8 @@ def fit_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
                                                       input=yaml.safe_dump(opted), check=False).stdout,
              30, f"the routing policy sets a class in namespace {opted['metadata']['namespace']}")
     yield cp, tmp, objects
-    # Not the shared admission policies: other policies of the session may bind them.
-    own = [o for o in objects if "katasizing.dev/shared" not in o["metadata"]["labels"]]
     cp.kubectl("delete", "--wait=false", "--ignore-not-found", "-f", "-",
-               input=yaml.safe_dump_all(own + namespaces), check=False)
+               input=yaml.safe_dump_all(objects + namespaces), check=False)
 
 
 def dry_run(cp: ControlPlane, pods: list[dict], *extra: str) -> subprocess.CompletedProcess:
@@ -125,7 +124,8 @@ def dry_run(cp: ControlPlane, pods: list[dict], *extra: str) -> subprocess.Compl
 
 
 def test_the_server_serves_the_admission_apis_it_is_given(fit_cluster) -> None:
-    cp, _, objects = fit_cluster
+    cp, _, _ = fit_cluster
+    objects = [o for o in yaml.safe_load_all(cli("render", "--shared").stdout)]  # what the install holds
     resources = cp.kubectl("api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name").stdout.split()
     assert "mutatingadmissionpolicies.admissionregistration.k8s.io" in resources
     versions = cp.kubectl("api-versions").stdout.split()

@@ -1,6 +1,6 @@
-"""The operator and the admission objects of issue 10 against the real kube-apiserver: it writes
-each policy's ValidatingAdmissionPolicies, MutatingAdmissionPolicy and bindings, puts back a hand
-edit or deletion, leaves a foreign object alone, removes them with the policy (and the real garbage
+"""The operator and the admission objects against the real kube-apiserver: it writes each
+policy's bindings and guards the shared ValidatingAdmissionPolicies and MutatingAdmissionPolicy
+they name (the install's), puts back a hand edit or deletion, leaves a foreign object alone, removes them with the policy (and the real garbage
 collector does when the operator is stopped); the pods the server stored against the rules are
 listed in status.podAudit with a Warning event; and the webhook fallback routes a pod through a real
 MutatingWebhookConfiguration. The admission rules themselves are tests/test_real_admission.py's.
@@ -50,12 +50,21 @@ def shared_objects(cp: ControlPlane) -> dict[tuple[str, str], dict]:
             for name, obj in cp.items(path, "katasizing.dev/shared=admission").items()}
 
 
+def render_shared() -> str:
+    """`kata-sizing render --shared`: the shared admission policies the install holds."""
+    return subprocess.run([sys.executable, "-m", "kata_sizing.cli", "render", "--shared"],
+                          capture_output=True, text=True, check=True).stdout
+
+
 def expected_admission(body: dict, tmp_path: Path) -> dict[tuple[str, str], dict]:
-    return {key: obj for key, obj in render(body, tmp_path).items() if key[0] in KINDS}
+    """The policy's bindings and the shared admission policies they name (which it guards)."""
+    shared = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(render_shared())}
+    return {key: obj for key, obj in {**shared, **render(body, tmp_path)}.items() if key[0] in KINDS}
 
 
 def params_path(policy: str) -> str:
-    return f"/api/v1/namespaces/kata-sizing/configmaps/{policy}-admission"
+    """The drop-ins ConfigMap, which holds the admission parameters."""
+    return f"/api/v1/namespaces/kata-sizing/configmaps/{policy}-dropins"
 
 
 def all_corrections(cp: ControlPlane) -> int:
@@ -106,16 +115,16 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     expected = expected_admission(body, tmp_path)
     assert {k for k, _ in expected} == set(KINDS), sorted(expected)
     shared = shared_objects(cp)
-    assert sorted(shared) == [("MutatingAdmissionPolicy", "kata-sizing-route"),
-                              ("ValidatingAdmissionPolicy", "kata-sizing-envelope"),
-                              ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit")]
+    assert sorted(shared) == [("MutatingAdmissionPolicy", podfit.SHARED_NAMES["route"]),
+                              ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["envelope"]),
+                              ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["memory"])]
     live = {**shared, **admission_objects(cp, "gate")}
     assert sorted(live) == sorted(expected)
     uid = cp.get(f"{POLICIES}/gate")["metadata"]["uid"]
     params = cp.get(params_path("gate"))
-    rendered_params = render(body, tmp_path)[("ConfigMap", "gate-admission")]
+    rendered_params = render(body, tmp_path)[("ConfigMap", "gate-dropins")]
     assert params["data"] == rendered_params["data"]
-    for key, obj in [*live.items(), (("ConfigMap", "gate-admission"), params)]:
+    for key, obj in [*live.items(), (("ConfigMap", "gate-dropins"), params)]:
         owners = [(o["kind"], o["uid"], o.get("controller")) for o in obj["metadata"].get("ownerReferences") or []]
         if key in shared:
             # Bound by every policy, owned by none: deleting one policy leaves the others' rule.
@@ -133,7 +142,7 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     quiet(cp)
     corrections = all_corrections(cp)
 
-    envelope = ("ValidatingAdmissionPolicy", "kata-sizing-envelope")
+    envelope = ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["envelope"])
     binding = ("ValidatingAdmissionPolicyBinding", "kata-sizing-gate-memory-limit")
     route = ("MutatingAdmissionPolicyBinding", "kata-sizing-gate-route")
     good = copy.deepcopy(live)
@@ -143,14 +152,14 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     cp.edit(path_of(binding), lambda o: o["spec"].update(validationActions=["Audit"]))
     poll(lambda: cp.get(path_of(binding))["spec"]["validationActions"] == good[binding]["spec"]["validationActions"],
          10, "the binding's action put back")
-    # Parameters that let every pod through when they are missing, somebody else's: put back.
-    cp.edit(path_of(binding), lambda o: o["spec"].update(paramRef={"name": "x", "parameterNotFoundAction": "Allow"}))
+    # Somebody else's parameters, which refuse every pod of the namespaces while missing: put back.
+    cp.edit(path_of(binding), lambda o: o["spec"].update(paramRef={"name": "x", "parameterNotFoundAction": "Deny"}))
     poll(lambda: cp.get(path_of(binding))["spec"]["paramRef"] == good[binding]["spec"]["paramRef"], 10,
          "the binding's paramRef put back")
     # A selector the server would default to {} but somebody narrowed: the routing would stop.
     cp.edit(path_of(route), lambda o: o["spec"].update(matchResources={"objectSelector": {"matchLabels": {"a": "b"}}}))
     poll(lambda: "matchResources" not in cp.get(path_of(route))["spec"], 10, "the narrowed binding put back")
-    mutating = ("MutatingAdmissionPolicy", "kata-sizing-route")
+    mutating = ("MutatingAdmissionPolicy", podfit.SHARED_NAMES["route"])
     cp.edit(path_of(mutating), lambda o: o["spec"].update(failurePolicy="Ignore"))
     poll(lambda: cp.get(path_of(mutating))["spec"]["failurePolicy"] == good[mutating]["spec"]["failurePolicy"], 10,
          "the routing's failurePolicy put back")
@@ -173,9 +182,17 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     cp.edit(path_of(envelope), lambda o: o["metadata"]["labels"].pop("team"))
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
 def _comparable(obj: dict) -> dict:
-    """An object without what every write changes (resourceVersion, managedFields)."""
+    """An object without what every write changes (resourceVersion, managedFields) and kubectl's
+    copy of what it last applied, which a server-side apply rewrites (the install's `kubectl apply
+    -k manifests/` left one on the shared admission policies)."""
     meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    if annotations or "annotations" in meta:
+        meta["annotations"] = annotations
     return {**obj, "metadata": meta}
 
 
@@ -191,8 +208,9 @@ def test_render_applied_server_side_by_a_gitops_tool_over_the_operators_objects_
     path.write_text(yaml.safe_dump(body))
     create_ready(cp, body)
     quiet(cp)
+    # The policy's render and the shared admission policies (the install's, applied by the same tool).
     written = subprocess.run([sys.executable, "-m", "kata_sizing.cli", "render", str(path)],
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True).stdout + render_shared()
     keys = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(written)]
     assert {k[0] for k in keys} >= set(KINDS) | {"RuntimeClass", "ConfigMap"}
 
@@ -358,8 +376,8 @@ def test_an_operator_upgraded_from_per_policy_admission_policies_rebinds_and_del
         poll(lambda kind=kind, name=name: cp.get(f"{KINDS[kind]}/{name}") is None, 20,
              f"the policy's own {kind} deleted")
     binding = cp.get(f"{KINDS['ValidatingAdmissionPolicyBinding']}/kata-sizing-upgraded-envelope")
-    assert binding["spec"]["policyName"] == "kata-sizing-envelope"
-    assert binding["spec"]["paramRef"]["name"] == "upgraded-admission"
+    assert binding["spec"]["policyName"] == podfit.SHARED_NAMES["envelope"]
+    assert binding["spec"]["paramRef"]["name"] == "upgraded-dropins"
     assert int(status(cp, "upgraded").get("driftCorrections") or 0) == 0  # an upgrade, not a hand edit
 
 

@@ -306,11 +306,6 @@ def test_yaml_that_kubectl_cannot_send_is_unreadable_to_validate(control_plane: 
 # --- the CEL literal range ------------------------------------------------------------------------
 
 
-def _policy_own(objects: list[dict]) -> list[dict]:
-    """Without the shared admission policies: other policies of the session may bind them."""
-    return [o for o in objects if "katasizing.dev/shared" not in (o["metadata"].get("labels") or {})]
-
-
 def _output_namespace(cp: ControlPlane) -> None:
     """The parameters' namespace, created if missing, never applied over: an apply would take the
     Pod Security labels off the operator's own namespace."""
@@ -322,10 +317,11 @@ def test_the_largest_class_cpu_is_judged_by_the_server_and_one_past_it_is_refuse
     cp = control_plane
     largest = policy_text("cel-max", f'classes: [{{name: s, cpu: "{INT64_MAX}m", memory: 1Gi}}]')
     objects = [o for o in rendered(tmp_path, largest)
-               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == podfit.params_name("cel-max")]
+               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == "cel-max-dropins"]
+    # The drop-ins (with the parameters) and the bindings; the shared policies are the install's.
     assert [o["kind"] for o in objects if o["kind"] != "RuntimeClass"] == [
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "ConfigMap",
-        "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding"]
+        "ConfigMap", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicyBinding"]
     params = next(o for o in objects if o["kind"] == "ConfigMap")
     assert params["data"]["classCpu"] == str(INT64_MAX)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cel-max"}}
@@ -333,8 +329,8 @@ def test_the_largest_class_cpu_is_judged_by_the_server_and_one_past_it_is_refuse
            "spec": {"runtimeClassName": "kata-cel-max-s", "containers": [{
                "name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {"cpu": "64", "memory": "2Gi"}}}]}}
     try:
-        # Created for real: the API server compiles every expression of an admission policy when
-        # it stores it.
+        # Created for real (the shared policies' CEL, which the API server compiled when the
+        # install stored it, reads these parameters).
         _output_namespace(cp)
         cp.kubectl("apply", "-f", "-", input="\n".join(as_sent(o) for o in [namespace, *objects]))
         # The shared CEL reads the largest int64 from the parameters and compares with it: 64 CPUs
@@ -348,16 +344,16 @@ def test_the_largest_class_cpu_is_judged_by_the_server_and_one_past_it_is_refuse
         assert cp.kubectl("create", "--dry-run=server", "-f", "-", input=as_sent(pod), check=False).returncode == 0
         # One past it, written into the parameters by hand (validate refuses such a policy, below):
         # the CEL cannot read it, and failurePolicy Fail refuses the pod instead of letting it pass.
-        cp.edit(f"/api/v1/namespaces/kata-sizing/configmaps/{podfit.params_name('cel-max')}",
+        cp.edit("/api/v1/namespaces/kata-sizing/configmaps/cel-max-dropins",
                 lambda o: o["data"].update(classCpu=str(INT64_MAX + 1)))
         refused = poll(lambda: (lambda p: p if p.returncode != 0 else None)(
             cp.kubectl("create", "--dry-run=server", "-f", "-", input=as_sent(pod), check=False)),
             30, "the pod refused once the parameters hold a CPU past int64")
-        assert "kata-sizing-envelope" in refused.stderr and "error" in refused.stderr, refused.stderr
+        assert podfit.SHARED_NAMES["envelope"] in refused.stderr and "error" in refused.stderr, refused.stderr
         assert "exceed class" not in refused.stderr, refused.stderr
     finally:
         cp.kubectl("delete", "--wait=false", "--ignore-not-found", "-f", "-",
-                   input="\n".join(as_sent(o) for o in [*_policy_own(objects), namespace]), check=False)
+                   input="\n".join(as_sent(o) for o in [*objects, namespace]), check=False)
     one_past = policy_text("cel-max", f'classes: [{{name: s, cpu: "{INT64_MAX + 1}m", memory: 1Gi}}]')
     proc = cli(tmp_path, "validate", one_past)
     assert proc.returncode == 1
@@ -403,7 +399,7 @@ ZERO_PODS = [
 def test_pods_kata_would_refuse_are_refused_by_the_server_as_podfit_says(control_plane: ControlPlane, tmp_path: Path):
     cp = control_plane
     objects = [o for o in rendered(tmp_path, ZERO)
-               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == podfit.params_name("zero")]
+               if o["kind"] != "ConfigMap" or o["metadata"]["name"] == "zero-dropins"]
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "zero-ns"}}
     _output_namespace(cp)
     cp.apply(namespace, *objects)
@@ -423,10 +419,10 @@ def test_pods_kata_would_refuse_are_refused_by_the_server_as_podfit_says(control
             for finding in podfit.check_pod(pod, sizing):
                 if finding.action == "Deny":
                     expected[pod["metadata"]["name"]] = (podfit.SHARED_NAMES["envelope"], finding.message)
-        assert denied == expected
+        assert denied == expected, proc.stderr
         assert set(expected) == {"s-no-limits", "m-cpu-only", "m-below-a-mebibyte", "m-zero-memory"}
         created = set(re.findall(r"pod/(\S+) created \(server dry run\)", proc.stdout))
         assert created == {p["metadata"]["name"] for p in ZERO_PODS} - set(expected)
     finally:
         cp.kubectl("delete", "--wait=false", "--ignore-not-found", "-f", "-",
-                   input=yaml.safe_dump_all([*_policy_own(objects), namespace]), check=False)
+                   input=yaml.safe_dump_all([*objects, namespace]), check=False)

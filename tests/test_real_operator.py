@@ -169,7 +169,7 @@ def test_create_writes_what_render_prints(control_plane, real_operator, tmp_path
         elif kind == "ConfigMap" and not name.endswith("node-guidance"):
             assert control_plane.get(cm_path(name))["data"] == obj["data"], name
     assert set(policy_configmaps(control_plane, "created")) == {
-        "created-kata-deploy-values", "created-dropins", "created-node-guidance", "created-admission"}
+        "created-kata-deploy-values", "created-dropins", "created-node-guidance"}
 
 
 def test_an_output_namespace_that_does_not_exist_yet_is_said_in_status_and_backed_off(control_plane, real_operator):
@@ -207,7 +207,7 @@ def test_an_output_namespace_that_does_not_exist_yet_is_said_in_status_and_backe
     try:
         wait_observed(cp, "early", timeout=40, Ready="True")
         assert set(cp.items(configmaps("not-yet"), "katasizing.dev/policy=early")) == {
-            "early-kata-deploy-values", "early-dropins", "early-node-guidance", "early-admission"}
+            "early-kata-deploy-values", "early-dropins", "early-node-guidance"}
         assert len(cp.items("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
                             "katasizing.dev/policy=early")) == 2
     finally:

@@ -51,8 +51,6 @@ def test_kubectl_and_the_api_server_read_render_output_as_render_means_it(contro
     for got, want in zip(server, meant):
         assert _meant_fields(got) == want, want["metadata"]["name"]
     assert len(server) == len(meant)
-    shared = [o for o in server if o["metadata"]["labels"].get("katasizing.dev/shared") == "admission"]
-    assert len(shared) == 3  # the admission policies every policy binds carry no policy's label
-    labels = {o["metadata"]["labels"]["katasizing.dev/policy"] for o in server if o not in shared}
+    labels = {o["metadata"]["labels"]["katasizing.dev/policy"] for o in server}
     handlers = {o["handler"] for o in server if o["kind"] == "RuntimeClass"}
     assert labels == {"n"} and handlers == {"1e-3-n", "1e-3-on"}

@@ -21,7 +21,7 @@ from kata_sizing.controller import status as st
 from kata_sizing.controller.execute import WRITES_PER_PASS
 from kata_sizing.controller.informer import HeldNames
 from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
-from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, TransientApiError
+from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, PermanentApiError, TransientApiError
 from kata_sizing.controller.plan import build_desired
 from kata_sizing.controller.state import DesiredCache, OperatorState
 from kata_sizing.core import podfit
@@ -219,7 +219,7 @@ def desired_objects(body: dict) -> list[dict]:
     """What a pass writes for `body` in a cluster without nodes."""
     rendered = render_policy(parse_policy(body), nodes=[])
     runtime_classes = rendered.runtime_classes if rendered.creates_runtime_classes else []
-    return [*runtime_classes, *rendered.configmaps, *rendered.admission]
+    return [*runtime_classes, *rendered.configmaps, *rendered.shared, *rendered.admission]
 
 
 def in_sync_cluster(body: dict, allow=READS, **kwargs) -> FakeApi:
@@ -560,7 +560,7 @@ def test_creating_a_policy_reads_none_of_its_objects():
     api = FakeApi(policy=policy_body(), allow=ALL_WRITES)
     run(pass_of(make_state(api), "apply"))
     assert [c for c in api.calls if c[0] == "read"] == []
-    assert len(api.written("create", "ConfigMap")) == 4  # values, drop-ins, guidance, admission parameters
+    assert len(api.written("create", "ConfigMap")) == 3  # values, drop-ins (with the admission parameters), guidance
 
 
 def test_a_binding_is_created_after_its_admission_policy_and_its_parameters(monkeypatch):
@@ -622,7 +622,7 @@ def test_passes_of_two_policies_at_once_create_each_shared_admission_policy_once
 
 
 def test_a_config_map_of_somebody_else_is_found_by_the_create_and_then_read_until_the_name_is_free():
-    key = ("ConfigMap", NAMESPACE, f"{NAME}-dropins")
+    key = ("ConfigMap", NAMESPACE, f"{NAME}-kata-deploy-values")
     theirs = {"kind": "ConfigMap", "apiVersion": "v1", "data": {"a": "b"},
               "metadata": {"name": key[2], "namespace": NAMESPACE, "labels": {"team": "x"}}}
     api = FakeApi(theirs, policy=policy_body(), allow=ALL_WRITES)
@@ -728,6 +728,32 @@ def test_an_admission_object_the_server_refuses_is_said_in_status_and_the_rest_i
     assert "compilation failed" in conditions["InSync"]["message"] and done.findings.refused
 
 
+def test_a_configmap_the_operator_may_not_write_there_is_said_in_status_and_not_retried_in_a_loop():
+    """The chart's rbac.outputNamespaces leaves out the namespace a policy names: 403 on its
+    ConfigMaps, said in status (RefusedByServer), the other objects written."""
+    body = policy_body()
+    api = FakeApi(policy=body, allow=ALL_WRITES)
+    forbidden = 'configmaps is forbidden: User "system:serviceaccount:kata-sizing:kata-sizing" cannot create resource'
+    original = api.create
+
+    async def create(obj):
+        if obj["kind"] == "ConfigMap":
+            api.calls.append(("create", obj_key(obj)))
+            raise PermanentApiError(403, forbidden)
+        return await original(obj)
+
+    api.create = create
+    done = run(pass_of(make_state(api), "apply"))  # no exception: nothing to retry soon
+    assert len(api.written("create", "RuntimeClass")) == 4
+    assert len([c for c in api.calls if c[0] == "create" and c[1][0] == "ConfigMap"]) == 3  # each tried once
+    conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
+    assert conditions["InSync"]["reason"] == cond.REASON_REFUSED and forbidden in conditions["InSync"]["message"]
+    # The bindings wait for their parameters, refused with them (a binding without its
+    # parameters would judge nothing).
+    assert [c for c in api.calls if c[0] == "create" and c[1][0].endswith("Binding")] == []
+    assert conditions["Ready"]["status"] == "False" and len(done.findings.refused) == 3 + 3
+
+
 def _fail_first_admission_create(api: FakeApi):
     original = api.create
     errors = api.fail.pop("create")
@@ -749,7 +775,7 @@ def test_a_missing_output_namespace_is_in_status_with_the_servers_message_and_is
     with pytest.raises(rc.RetryLater, match='namespaces "not-yet" not found'):
         run(pass_of(make_state(api), "apply", sink, landed))
     configmap_creates = api.written("create", "ConfigMap")
-    assert len(configmap_creates) == 4, "each ConfigMap is tried once a pass, not five times"
+    assert len(configmap_creates) == 3, "each ConfigMap is tried once a pass, not five times"
     # The other objects are written, and counted as written: the RuntimeClasses and the shared
     # admission policies. Not the bindings: without their parameters they would deny every pod
     # of the classes.

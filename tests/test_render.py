@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kata_sizing.core import defaults
+from kata_sizing.core import defaults, podfit
 from kata_sizing.core.guidance import NodeFacts
 from kata_sizing.core.model import PolicyError, parse_policy
 from kata_sizing.core.quantity import MIB
@@ -94,9 +94,9 @@ def test_every_object_passes_kubernetes_schemas_strictly(rendered):
     # admissionregistration.k8s.io/v1 has ValidatingAdmissionPolicy from 1.30 and
     # MutatingAdmissionPolicy from 1.36 (docs/admission.md): checked against the newest schemas.
     assert {o["kind"] for o in rendered.admission} == {
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding", "ConfigMap"}
-    for obj in rendered.admission:
+        "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding"}
+    assert {o["kind"] for o in rendered.shared} == {"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"}
+    for obj in rendered.admission + rendered.shared:
         kubernetes_validate.validate(obj, SCHEMA_VERSIONS[-1], strict=True)
         if obj["kind"].startswith("Validating"):
             kubernetes_validate.validate(obj, "1.30", strict=True)
@@ -110,6 +110,8 @@ def test_every_embedded_document_parses(rendered):
                 assert isinstance(tomllib.loads(text), dict)
             elif key.endswith(".yaml"):
                 assert isinstance(yaml.safe_load(text), dict)
+            elif configmap is rendered.configmaps[1]:
+                assert key in podfit.params_data(rendered.sizing)  # the admission parameters
             else:
                 assert key == "summary.txt"
     values = yaml.safe_load(rendered.values_yaml)
@@ -130,7 +132,13 @@ def test_configmap_names_namespace_and_labels(rendered):
     for configmap in rendered.configmaps[1:]:
         assert configmap["metadata"]["labels"] == ours
     assert rendered.configmaps[0]["data"] == {"values.yaml": rendered.values_yaml}
-    assert rendered.configmaps[1]["data"] == rendered.drop_ins
+    # The drop-ins, and the admission parameters the bindings name (no key of one has a dot).
+    params = podfit.params_data(rendered.sizing)
+    assert rendered.configmaps[1]["data"] == {**rendered.drop_ins, **params}
+    assert not set(params) & set(rendered.drop_ins)
+    for binding in rendered.admission:
+        assert binding["spec"]["paramRef"]["name"] == f"{policy.name}-dropins"
+        assert binding["spec"]["paramRef"]["namespace"] == policy.spec.output.namespace
 
 
 # --- RuntimeClasses -----------------------------------------------------------------------
@@ -180,10 +188,11 @@ def test_owner_references_only_when_the_policy_has_a_uid():
 def test_managed_by_kata_deploy_leaves_runtime_classes_to_the_chart():
     operator = render_policy(_policy({"shim": "qemu-runtime-rs"}))
     chart = render_policy(_policy({"shim": "qemu-runtime-rs", "runtimeClass": {"managedBy": "KataDeploy"}}))
-    admission = ["ValidatingAdmissionPolicy"] * 2 + ["MutatingAdmissionPolicy", "ConfigMap"] + [
-        "ValidatingAdmissionPolicyBinding"] * 2 + ["MutatingAdmissionPolicyBinding"]
+    admission = ["ValidatingAdmissionPolicyBinding"] * 2 + ["MutatingAdmissionPolicyBinding"]
+    # At most 9 objects per policy (10 with node guidance): 4 classes, the values and drop-ins
+    # ConfigMaps (the latter with the admission parameters), a binding per shared policy.
     assert [o["kind"] for o in operator.objects()] == ["ConfigMap"] * 2 + ["RuntimeClass"] * 4 + admission
-    # The admission policies hold pods to their class whoever creates the RuntimeClasses.
+    # The admission bindings hold pods to their class whoever creates the RuntimeClasses.
     assert [o["kind"] for o in chart.objects()] == ["ConfigMap"] * 2 + admission
     # The chart still gets every RuntimeClass, through the values overlay.
     assert len(yaml.safe_load(chart.values_yaml)["customRuntimes"]["runtimes"]) == 4

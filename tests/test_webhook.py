@@ -38,7 +38,7 @@ from kata_sizing.controller.operator_main import WebhookOptions, configure_webho
 from tests.harness import KopfThread, KubernetesApiEmulator, running_emulator
 from tests.operator_helpers import POLICIES, example, wait_observed
 from tests.test_manifests import (
-    CRD_FILE, EXPECTED_KINDS, MANIFESTS, SCHEMA_VERSIONS, find_kubectl, granted_permissions, load_documents,
+    ADMISSION_SERVED_FROM, CRD_FILE, EXPECTED_KINDS, MANIFESTS, SCHEMA_VERSIONS, find_kubectl, granted_permissions, load_documents,
 )
 from tests.test_rbac_coverage import request_triple
 
@@ -271,6 +271,8 @@ def test_overlay_objects_are_valid(overlay_by_kind: dict[str, dict], kind: str, 
         pytest.skip(f"{kind} is a cert-manager custom resource: kubernetes-validate has no schema for it")
     if kind == "ValidatingWebhookConfiguration" and version == SCHEMA_VERSIONS[0]:
         version = "1.28"  # its matchConditions (docs/install.md: the webhook overlay needs 1.28)
+    if kind in ADMISSION_SERVED_FROM and version == SCHEMA_VERSIONS[0]:
+        version = ".".join(map(str, ADMISSION_SERVED_FROM[kind]))  # the release that serves it
     try:
         kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as error:

@@ -15,7 +15,7 @@ import pytest
 
 from kata_sizing.controller.policy_webhook import ROUTE_POD_PATH_ID, pod_to_route, review_response
 from kata_sizing.controller.handlers import routes_through_webhook
-from kata_sizing.core.podfit import route_patch
+from kata_sizing.core.podfit import SHARED_NAMES, route_patch
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import POLICIES, explicit_classes_policy, wait_observed
@@ -129,7 +129,7 @@ def test_with_a_mutating_admission_policy_served_the_webhook_leaves_auto_routing
     emu = webhook.emu
     emu.objects(POLICIES).create(routed_policy("auto", routing="Auto"))
     wait_observed(emu, "auto", Ready="True")
-    assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicies").get("kata-sizing-route")
+    assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicies").get(SHARED_NAMES["route"])
     assert emu.objects("admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings").get("kata-sizing-auto-route")
     assert patch_of(post(webhook, review(pod(labels={"katasizing.dev/policy": "auto"}, cpu="1", memory="1Gi")))) == []
 

@@ -163,9 +163,10 @@ def test_kubectl_reads_render_output_as_render_means_it(capsys, tmp_path):
     runtime_classes = [o for o in read if o["kind"] == "RuntimeClass"]
     assert {o["handler"] for o in runtime_classes} == {"1e-3-n", "1e-3-on"}
     assert {o["metadata"]["labels"]["katasizing.dev/class"] for o in runtime_classes} == {"n", "on"}
-    shared = [o for o in read if o["metadata"]["labels"].get("katasizing.dev/shared") == "admission"]
-    assert len(shared) == 3  # the admission policies every policy binds
-    assert all(o["metadata"]["labels"]["katasizing.dev/policy"] == "n" for o in read if o not in shared)
+    assert all(o["metadata"]["labels"]["katasizing.dev/policy"] == "n" for o in read)
+    # The admission policies every policy binds (`render --shared`), read as meant too.
+    shared = json.loads(_render_cli(capsys, path, "--shared", "-o", "json"))["items"]
+    assert len(shared) == 3 and kubectl_reads(_render_cli(capsys, path, "--shared")) == shared
     assert all(o["scheduling"]["nodeSelector"]["zone"] == "y" for o in runtime_classes)
 
 

@@ -106,6 +106,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .core.render import render_policy
 
     _flag("--node-name", args.node_name)
+    if args.shared:
+        return _render_shared(args)
+    if args.policy is None:
+        raise InputError("render: give POLICY.yaml (or --shared for the shared admission policies alone)")
     policies = load_policies(args.policy)
     if args.proposal:
         return _render_proposal(policies, args)
@@ -123,6 +127,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             kubelet_version=_kubelet_version(args.kubelet_version),
         )]
     objects, errors, overlays = [], [], []  # overlays: (policy, its values as text and as data)
+    shared: dict[str, None] = {}  # the shared admission policies the bindings name, in order
     for policy in policies:
         rendered = render_policy(policy, nodes=nodes)
         errors.extend(f"{policy.name}: {p}" for p in rendered.problems if p.severity == "error")
@@ -137,16 +142,48 @@ def cmd_render(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         objects.extend(rendered.objects())
+        shared.update(dict.fromkeys(o["metadata"]["name"] for o in rendered.shared))
     if errors:
         _print_problems(errors)
         return EXIT_INVALID
     if args.values_only:
         return _print_values_overlay(overlays, args.output)
-    if args.output == "json":
+    if shared:
+        print(f"note: the bindings name the shared admission policies {', '.join(shared)}: "
+              "the install creates them (the chart, manifests/), or `kata-sizing render --shared` prints them; "
+              "without them the bindings judge no pod", file=sys.stderr)
+    _print_objects(objects, args.output)
+    return EXIT_OK
+
+
+def _print_objects(objects: list[dict], output: str) -> None:
+    if output == "json":
         body = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
         print(json.dumps(body, indent=2))
     else:
         sys.stdout.write(yamlout.dump_documents(objects))
+
+
+def _render_shared(args: argparse.Namespace) -> int:
+    """The admission policies every policy's bindings name, alone: for the one GitOps application
+    (or the install) that owns them (docs/gitops.md). With POLICY.yaml, those its policies bind:
+    no MutatingAdmissionPolicy when every one routes through the operator's webhook."""
+    from .core.render import shared_admission_objects
+
+    given = [name for name, value in (("--values-only", args.values_only), ("--node-capacity", args.node_capacity),
+                                      ("--proposal", args.proposal)) if value]
+    if given:
+        raise InputError(f"render --shared prints the shared admission policies alone; drop {', '.join(given)}")
+    routing = "Auto"
+    if args.policy is not None:
+        binding = [p for p in load_policies(args.policy) if p.spec.admission.enabled]
+        if not binding:
+            print(f"note: no policy of {args.policy} has spec.admission.enabled: no shared admission policy "
+                  "is needed", file=sys.stderr)
+            return EXIT_OK
+        if all(p.spec.admission.routing == "Webhook" for p in binding):
+            routing = "Webhook"
+    _print_objects(shared_admission_objects(routing), args.output)
     return EXIT_OK
 
 
@@ -941,8 +978,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    render = sub.add_parser("render", help="print every object the operator would apply")
-    render.add_argument("policy", metavar="POLICY.yaml", help="policy file ('-' for stdin)")
+    render = sub.add_parser("render", help="print the objects the operator applies for a policy")
+    render.add_argument("policy", metavar="POLICY.yaml", nargs="?", help="policy file ('-' for stdin)")
+    render.add_argument("--shared", action="store_true",
+                        help="print only the admission policies every policy's bindings name (the install's; "
+                             "for the one GitOps application that owns them), not the policy's objects")
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     render.add_argument("--node-capacity", metavar="QUANTITY", help="add node guidance for this memory capacity")
     render.add_argument("--node-cpu", metavar="QUANTITY", help="the node's CPU capacity, for VMs-per-class")

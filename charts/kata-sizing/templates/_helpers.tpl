@@ -45,3 +45,22 @@ app.kubernetes.io/component: operator
 {{- required "webhook.tlsSecretName is required when webhook.certManager.enabled is false" .Values.webhook.tlsSecretName -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The shared admission policies the chart creates (templates/admission-policies.yaml says why and
+how), as YAML documents: each of files/admission-policies.yaml whose kind the API server serves.
+*/}}
+{{- define "kata-sizing.sharedAdmissionPolicies" -}}
+{{- $servedFrom := dict "ValidatingAdmissionPolicy" ">=1.30.0-0" "MutatingAdmissionPolicy" ">=1.36.0-0" }}
+{{- if .Values.admissionPolicies.create }}
+{{- range $document := regexSplit "(?m)^---\\s*$" (.Files.Get "files/admission-policies.yaml") -1 }}
+{{- $object := fromYaml $document }}
+{{- if $object.kind }}
+{{- if or ($.Capabilities.APIVersions.Has (printf "%s/%s" $object.apiVersion $object.kind)) (semverCompare (get $servedFrom $object.kind) $.Capabilities.KubeVersion.Version) }}
+---
+{{ trim $document }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

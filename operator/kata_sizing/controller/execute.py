@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .api_errors import Conflict, Invalid, NotFound
+from .api_errors import Conflict, Invalid, NotFound, PermanentApiError
 from .compare import corrected, differences, is_ours, is_shared
 from .kinds import ObjKey, describe, is_admission_kind
 from .plan import Action, Verb
@@ -85,8 +85,11 @@ async def execute(
                     await finished[key].wait()
             unmet = [k for k in action.needs if outcome.results.get(k, Result(DONE)).status not in (DONE, UNCHANGED)]
             if unmet:
+                # Refused with it (not allowed there, 403), or failed with it (retried with it).
+                refused = all(outcome.results[k].status == REFUSED for k in unmet)
                 outcome.results[action.key] = Result(
-                    FAILED, f"{describe(action.key)}: not written, since {describe(unmet[0])} it names was not")
+                    REFUSED if refused else FAILED,
+                    f"{describe(action.key)}: not written, since {describe(unmet[0])} it names was not")
                 return
             async with slots:
                 await _carry_out(api, action, owner, children, outcome)
@@ -211,6 +214,13 @@ async def _write_once(api, action: Action, live: dict | None, label: str, owner:
         except Invalid as exc:
             if not is_admission_kind(key[0]):
                 raise
+            outcome.results[key] = Result(REFUSED, f"{describe(key)}: {exc}", exc)
+            return
+        except PermanentApiError as exc:
+            if exc.status != 403:
+                raise
+            # Not allowed here (the chart's rbac.outputNamespaces leaves out the namespace a
+            # policy names): the status says so; retrying soon would not change it.
             outcome.results[key] = Result(REFUSED, f"{describe(key)}: {exc}", exc)
             return
     raise Conflict(409, f"{describe(key)}: still conflicting after {CONFLICT_ATTEMPTS} attempts")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .compare import corrected, differences, is_ours
-from .kinds import ObjKey, describe, is_admission_kind, obj_key
+from .kinds import ObjKey, describe, obj_key
 from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from ..core.render import Rendered, configmap_names, render_policy
 from ..core.sizing import PolicySizing, Severity, size_policy
@@ -177,16 +177,16 @@ def _without_owner_references(obj: dict) -> dict:
 def admission_objects(
     rendered: Rendered, admission_versions: Mapping[str, str] | None,
 ) -> tuple[dict[ObjKey, dict], list[dict]]:
-    """(the rendered admission objects the server can store, those it cannot). With
-    `admission_versions` None (no discovery: unit tests) every one is kept; otherwise an object
-    is kept when the server serves its kind at the version it is rendered with (the parameters
-    ConfigMap always)."""
+    """(the rendered admission objects the server can store, those it cannot): the policy's
+    bindings and the shared admission policies they name, which the install creates and the
+    operator guards like its own (puts them back, never deletes them: they are not labelled for
+    the policy). With `admission_versions` None (no discovery: unit tests) every one is kept;
+    otherwise an object is kept when the server serves its kind at the version it is rendered with."""
     kept: dict[ObjKey, dict] = {}
     left_out: list[dict] = []
-    for obj in rendered.admission:
+    for obj in [*rendered.shared, *rendered.admission]:
         version = (obj.get("apiVersion") or "").rpartition("/")[2]
-        if admission_versions is None or not is_admission_kind(obj["kind"]) \
-                or admission_versions.get(obj["kind"]) == version:
+        if admission_versions is None or admission_versions.get(obj["kind"]) == version:
             kept[obj_key(obj)] = obj
         else:
             left_out.append(obj)

@@ -11,9 +11,9 @@ so that they cannot drift apart:
 - as CEL for the API server (`shared_admission_specs`): a ValidatingAdmissionPolicy per rule (a
   binding's validationActions apply to every validation of its policy, and each rule has its
   own action) and a MutatingAdmissionPolicy for the routing, the same for every policy, with
-  `paramKind: ConfigMap`; each policy binds them to its own figures (`binding_specs`,
-  `params_data`). tests/test_podfit.py runs a table of pods through both, the CEL on the real
-  API server.
+  `paramKind: ConfigMap`, named for the parameters' contract (ADMISSION_CONTRACT); each policy
+  binds them to its own figures (`binding_specs`, `params_data`). tests/test_podfit.py runs a
+  table of pods through both, the CEL on the real API server.
 
 Effective limits are Kubernetes' own (k8s.io/component-helpers resource.PodLimits): the
 regular containers summed plus the restartable init containers (sidecars); the larger of that
@@ -36,9 +36,9 @@ Interface (used by the operator, the webhook, the CLI):
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
   applies (only runtimeClassName; see `route_patch`).
 - `shared_admission_specs(routing) -> [(apiVersion, kind, name, spec)]`: the shared VAPs and MAP;
-  `binding_specs(sizing)`: a policy's bindings; `params_data(sizing)`: its parameters
-  (render.render_admission makes them objects, the bindings and parameters with the policy's
-  labels and owner).
+  `binding_specs(sizing, params_name)`: a policy's bindings; `params_data(sizing)`: its
+  parameters (render.py makes them objects: the shared ones owned by no policy, the bindings with
+  the policy's labels and owner, the parameters in its drop-ins ConfigMap).
 """
 
 from __future__ import annotations
@@ -573,7 +573,8 @@ _PARAM_LISTS = {
 
 
 def params_data(sizing: PolicySizing) -> dict[str, str]:
-    """The data of the policy's parameters ConfigMap: everything the shared CEL reads of it."""
+    """The parameters the shared CEL reads (`params.data[...]`; ADMISSION_CONTRACT): keys of the
+    policy's drop-ins ConfigMap, beside its `<class>.toml` keys (a key here has no dot)."""
     from .rules import sandbox_zero_message
 
     classes = sizing.classes
@@ -684,14 +685,18 @@ def admission_names(policy_name: str) -> dict[str, str]:
     return {"memory": f"{base}-memory-limit", "envelope": f"{base}-envelope", "route": f"{base}-route"}
 
 
+# The contract between the shared admission policies and a policy's parameters: the keys of
+# `params_data` and what each means. The shared objects' names carry it, so a policy's bindings
+# name the shared CEL that reads its parameters. Within a version the CEL changes only in ways
+# that read the same keys the same way; a change that needs other parameters is a new version,
+# whose shared objects the install carries beside the old ones until every policy's objects have
+# moved (docs/gitops.md, upgrades). tests/test_podfit.py holds the keys of each version.
+ADMISSION_CONTRACT = "v1"
+
 # The three admission policies every KataSizingPolicy shares (docs/admission.md): the CEL is the
 # same for all; each policy's bindings name its parameters.
-SHARED_NAMES = {"memory": "kata-sizing-memory-limit", "envelope": "kata-sizing-envelope", "route": "kata-sizing-route"}
-
-
-def params_name(policy_name: str) -> str:
-    """The policy's parameters ConfigMap, in spec.output.namespace beside its other ConfigMaps."""
-    return f"{policy_name}-admission"
+SHARED_NAMES = {key: f"kata-sizing-{rule}-{ADMISSION_CONTRACT}"
+                for key, rule in (("memory", "memory-limit"), ("envelope", "envelope"), ("route", "route"))}
 
 
 def validations() -> dict[str, list[dict]]:
@@ -825,17 +830,25 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
     return specs
 
 
-def binding_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
+def binding_specs(sizing: PolicySizing, params_name: str) -> list[tuple[str, str, str, dict]]:
     """(apiVersion, kind, name, spec) of a policy's bindings of the shared policies: its rule
-    actions, its namespaces, and its parameters (`params_name`, in spec.output.namespace). A
-    missing parameters ConfigMap denies the pods the binding matches, never lets them pass."""
+    actions, its namespaces, and its parameters (the ConfigMap `params_name` in
+    spec.output.namespace, which holds `params_data`).
+
+    A binding whose parameters are missing judges nothing (`parameterNotFoundAction: Allow`). The
+    API server looks the parameters up before it evaluates any match condition, so with Deny it
+    refuses every pod of the binding's namespaces, Kata or not, for as long as the ConfigMap is
+    missing (seen on the real server, tests/test_real_admission_gitops.py): while a GitOps prune
+    or a teardown removes the ConfigMap before the binding, or for good once the output namespace
+    is deleted under a policy that stays. The operator writes the parameters before the bindings
+    and puts a deleted ConfigMap back; whoever may delete it could as well widen its envelopes."""
     policy = sizing.policy
     admission = policy.spec.admission
     names = admission_names(policy.name)
     selector = _selector_dict(namespace_selector(policy))
     match_resources = {"matchResources": _match_resources(namespace_selector=selector)} if selector else {}
-    param_ref = {"name": params_name(policy.name), "namespace": policy.spec.output.namespace,
-                 "parameterNotFoundAction": "Deny"}
+    param_ref = {"name": params_name, "namespace": policy.spec.output.namespace,
+                 "parameterNotFoundAction": "Allow"}
     specs = [
         (ADMISSION_API_VERSION, "ValidatingAdmissionPolicyBinding", names[key], {
             "policyName": SHARED_NAMES[key], "paramRef": dict(param_ref), "validationActions": [action],

@@ -30,6 +30,14 @@ CLASS_LABEL = "katasizing.dev/class"
 # On the admission policies every KataSizingPolicy shares (podfit.shared_admission_specs).
 SHARED_LABEL = "katasizing.dev/shared"
 SHARED_ADMISSION = "admission"
+# ...and the marks that keep a GitOps tool from pruning them with one application (docs/gitops.md):
+# Flux's kustomize-controller and Argo CD leave an object so marked when it leaves an application.
+# Each is a mark, not an owner: the install (or the one application that applies
+# `render --shared`) owns them.
+SHARED_ANNOTATIONS = {
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",
+    "argocd.argoproj.io/sync-options": "Prune=false",
+}
 # Flux's helm-controller re-runs a HelmRelease as soon as a ConfigMap it reads with valuesFrom
 # changes, if that ConfigMap carries this label (otherwise only at the release's interval).
 FLUX_WATCH_LABEL = "reconcile.fluxcd.io/watch"
@@ -73,15 +81,20 @@ class Rendered:
     values: dict = field(default_factory=dict)
     guidance: list[NodeGroupGuidance] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    # The shared admission policies, the policy's parameters ConfigMap and bindings (podfit.py).
+    # The policy's bindings of the shared admission policies (podfit.py); the parameters they
+    # name are keys of its drop-ins ConfigMap.
     admission: list[dict] = field(default_factory=list)
+    # The shared admission policies those bindings name: the install's (the chart, manifests/,
+    # or the one application that applies `render --shared`); the operator guards them.
+    shared: list[dict] = field(default_factory=list)
 
     @property
     def creates_runtime_classes(self) -> bool:
         return self.sizing.policy.spec.runtime_class.managed_by == "Operator"
 
     def objects(self) -> list[dict]:
-        """What the operator applies (and `kata-sizing render` prints), in apply order."""
+        """The policy's own objects, in apply order: what `kata-sizing render` prints and the
+        operator creates and owns (it guards `shared` besides)."""
         runtime_classes = self.runtime_classes if self.creates_runtime_classes else []
         return [*self.configmaps, *runtime_classes, *self.admission]
 
@@ -200,9 +213,12 @@ def render_policy(
     drop_ins = {f"{c.name}.toml": render_drop_in(sizing, c) for c in sizing.classes}
     values = values_overlay(policy, sizing, drop_ins)
     values_yaml = values_overlay_yaml(policy, values)
+    admits = policy.spec.admission.enabled and bool(sizing.classes)
     configmaps = [
         configmap(policy, names["values"], {VALUES_KEY: values_yaml}, {FLUX_WATCH_LABEL: "Enabled"}),
-        configmap(policy, names["dropins"], drop_ins),
+        # The admission parameters live beside the drop-ins: the same classes' figures, one
+        # object fewer per policy (docs/admission.md).
+        configmap(policy, names["dropins"], {**drop_ins, **(podfit.params_data(sizing) if admits else {})}),
     ]
     guidance: list[NodeGroupGuidance] = []
     problems = list(sizing.problems)
@@ -218,25 +234,21 @@ def render_policy(
             node_count=sum(len(g.nodes) for g in guidance),
         )
         configmaps.append(configmap(policy, names["guidance"], data))
+    bindings = render_bindings(sizing, names["dropins"]) if admits else []
+    shared = shared_admission_objects(policy.spec.admission.routing) if admits else []
     return Rendered(sizing, runtime_classes, configmaps, drop_ins, values_yaml, values, guidance, problems,
-                    render_admission(sizing))
+                    bindings, shared)
 
 
-def render_admission(sizing: PolicySizing) -> list[dict]:
-    """The admission objects of a policy (docs/admission.md), in apply order: the shared
-    admission policies (two ValidatingAdmissionPolicies, one per rule, since a binding's action
-    applies to every validation of its policy, and unless spec.admission.routing is Webhook the
-    MutatingAdmissionPolicy that routes opted-in pods), the same for every policy and owned by
-    none; then the policy's parameters ConfigMap and its bindings, with the labels and
-    ownerReference of its RuntimeClasses. The parameters come before the bindings that name them."""
+def render_bindings(sizing: PolicySizing, params_name: str) -> list[dict]:
+    """The policy's bindings of the shared admission policies (docs/admission.md), with the
+    labels and ownerReference of its RuntimeClasses; their parameters are the ConfigMap
+    `params_name` (the drop-ins', written before them)."""
     policy = sizing.policy
-    if not policy.spec.admission.enabled or not sizing.classes:
-        return []
     labels = policy_labels(policy)
     owners = owner_reference(policy)
-    objects = [shared_admission_object(*spec) for spec in podfit.shared_admission_specs(policy.spec.admission.routing)]
-    objects.append(configmap(policy, podfit.params_name(policy.name), podfit.params_data(sizing)))
-    for api_version, kind, name, spec in podfit.binding_specs(sizing):
+    objects = []
+    for api_version, kind, name, spec in podfit.binding_specs(sizing, params_name):
         metadata: dict = {"name": name, "labels": dict(labels)}
         if owners:
             metadata["ownerReferences"] = [dict(o) for o in owners]
@@ -244,13 +256,20 @@ def render_admission(sizing: PolicySizing) -> list[dict]:
     return objects
 
 
-def shared_admission_object(api_version: str, kind: str, name: str, spec: dict) -> dict:
-    """A shared admission policy as an object: labelled as kata-sizing's and shared, owned by no
-    policy (deleting one policy must not delete what the others' bindings use)."""
-    # A copy: the objects share their CEL variables.
-    return {"apiVersion": api_version, "kind": kind,
-            "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY, SHARED_LABEL: SHARED_ADMISSION}},
-            "spec": json.loads(json.dumps(spec))}
+def shared_admission_objects(routing: str = "Auto") -> list[dict]:
+    """The admission policies every policy's bindings name (two ValidatingAdmissionPolicies, one
+    per rule, since a binding's action applies to every validation of its policy, and unless
+    routing is Webhook the MutatingAdmissionPolicy that routes opted-in pods): the same for every
+    policy, owned by none (deleting one policy must not delete what the others' bindings use),
+    labelled as kata-sizing's and shared, and marked against a GitOps tool's prune. What
+    `kata-sizing render --shared` prints and the install carries (manifests/admission/, the
+    chart's files/)."""
+    return [{"apiVersion": api_version, "kind": kind,
+             "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY, SHARED_LABEL: SHARED_ADMISSION},
+                          "annotations": dict(SHARED_ANNOTATIONS)},
+             # A copy: the specs share their CEL variables.
+             "spec": json.loads(json.dumps(spec))}
+            for api_version, kind, name, spec in podfit.shared_admission_specs(routing)]
 
 
 def guidance_document(group: NodeGroupGuidance) -> dict:
