@@ -192,8 +192,9 @@ def test_samples_in_the_policy_replace_the_default_function_and_show_in_status(c
     cluster.create(body)
     overhead = wait_observed(emu, NAME, Ready="True")["overhead"]
     assert overhead["fitted"] is True
+    # The measured host side (24 MiB at most) with the policy's margin (0.10), as calibrate gives it.
     assert (overhead["guestMemoryBase"], overhead["guestMemoryRatio"], overhead["hostMemory"]) == (
-        "95Mi", "0.1352", "24Mi")
+        "95Mi", "0.1352", "26Mi")
 
 
 def test_samples_that_cannot_be_fitted_make_the_policy_invalid(cluster):
