@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 import aiohttp.web
 import kopf
-# kopf raises these for reviews it cannot route; they are not exported at its top level.
-from kopf._core.engines.admission import WebhookError
 
 from . import policy_webhook
 from .leader import default_identity
@@ -76,11 +74,13 @@ class BoundedWebhookServer(kopf.WebhookServer):
         route = self.routes.get(request.match_info.get("id") or "")
         if route is not None:
             return aiohttp.web.json_response(await self._never_refusing(route, review))
+        other = policy_webhook.not_a_policy(review)
+        if other:
+            # A review of a resource this operator has no rule for: nothing to refuse.
+            return aiohttp.web.json_response(policy_webhook.review_response(
+                review, allowed=True, warnings=[f"kata-sizing: {other}"]))
         try:
             answer = await fn(review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers)
-        except WebhookError as exc:
-            # A review of a resource this operator has no rule for: nothing to refuse.
-            answer = policy_webhook.review_response(review, allowed=True, warnings=[f"kata-sizing: {exc}"])
         except Exception:  # noqa: BLE001 - the API server must get an answer, not a 500
             log.exception("admission review %s failed", review["request"]["uid"])
             answer = policy_webhook.review_response(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from .calibrate import CalibrationError, Fit, Sample, fit_overhead
-from .model import KataSizingPolicy, PolicyError, parse_policy
+from .model import KataSizingPolicy, PolicyError, ProposalStatus, ProposedClass, Resources, parse_policy
 from .quantity import MIB
 from .sizing import PolicySizing, overhead_function, size_policy
 
@@ -163,23 +163,19 @@ def propose(policy: KataSizingPolicy, samples: Sequence[Sample], margin: Decimal
                     refitted=refitted)
 
 
-def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str) -> dict:
+def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str) -> ProposalStatus:
     """status.proposal for a survey's CSV text (None: the ConfigMap or its key is missing)."""
     from .calibrate import parse_samples_csv
 
     if csv_text is None:
-        return {"source": source, "error": f"{source} not found"}
+        return ProposalStatus(source=source, error=f"{source} not found")
     try:
         proposal = propose(policy, parse_samples_csv(csv_text))
     except CalibrationError as exc:
-        return {"source": source, "error": "; ".join(exc.problems)[:1000]}
-    found = {
-        "source": source, "rows": proposal.rows, "overhead": dict(proposal.overhead),
-        "classes": [{
-            "name": c.name, "podFixed": c.pod_fixed, "podFixedBefore": c.pod_fixed_before, "podsMeasured": c.pods,
-            **({"minHeadroomBytes": c.min_headroom_bytes} if c.min_headroom_bytes is not None else {}),
-        } for c in proposal.classes],
-        "hostRaisedMiB": proposal.host_raised_mib,
-        "notes": list(proposal.notes),
-    }
-    return found
+        return ProposalStatus(source=source, error="; ".join(exc.problems)[:1000])
+    return ProposalStatus(
+        source=source, rows=proposal.rows, overhead=dict(proposal.overhead),
+        classes=[ProposedClass(
+            name=c.name, pod_fixed=Resources(**c.pod_fixed), pod_fixed_before=Resources(**c.pod_fixed_before),
+            pods_measured=c.pods, min_headroom_bytes=c.min_headroom_bytes) for c in proposal.classes],
+        host_raised_mib=proposal.host_raised_mib, notes=list(proposal.notes))
