@@ -288,7 +288,7 @@ def test_rendered_admission_objects() -> None:
                               "values": ["fit-in", "fit-routed"]}]}
     for spec in bindings.values():
         assert spec["paramRef"] == {"name": "fit-admission", "namespace": "kata-sizing",
-                                    "parameterNotFoundAction": "Deny"}
+                                    "parameterNotFoundAction": "Allow"}
     params = own[0]
     assert params["metadata"]["namespace"] == "kata-sizing"
     assert params["data"]["runtimeClasses"] == ",".join(c.runtime_class for c in size_policy(parse_policy(POLICY)).classes)

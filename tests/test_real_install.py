@@ -45,7 +45,7 @@ def test_the_documented_uninstall_order_leaves_nothing_stuck(tmp_path_factory, t
         try:
             create_ready(cp, qemu_rs("uninstalled"))
             assert cp.items(RUNTIME_CLASSES) and cp.items(configmaps(), "katasizing.dev/policy")
-            # 1. Delete the policies while the operator runs: its finalizer removes what it made.
+            # 1. Delete the policies: the garbage collector removes what the operator made.
             cp.kubectl("delete", "ksp", "--all", "--timeout=60s")
         finally:
             # 2. The operator goes with its Deployment.

@@ -827,15 +827,21 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
 
 def binding_specs(sizing: PolicySizing) -> list[tuple[str, str, str, dict]]:
     """(apiVersion, kind, name, spec) of a policy's bindings of the shared policies: its rule
-    actions, its namespaces, and its parameters (`params_name`, in spec.output.namespace). A
-    missing parameters ConfigMap denies the pods the binding matches, never lets them pass."""
+    actions, its namespaces, and its parameters (`params_name`, in spec.output.namespace).
+
+    A binding whose parameters are missing judges nothing (`parameterNotFoundAction: Allow`): the
+    API server looks the parameters up before any match condition, so with Deny it refused every
+    pod of the binding's namespaces, Kata or not, while the garbage collector removed a deleted
+    policy's parameters before its bindings (seen on the real server). The operator writes the
+    parameters before the bindings and puts a deleted ConfigMap back; whoever may delete it could
+    as well widen its envelopes (docs/admission.md)."""
     policy = sizing.policy
     admission = policy.spec.admission
     names = admission_names(policy.name)
     selector = _selector_dict(namespace_selector(policy))
     match_resources = {"matchResources": _match_resources(namespace_selector=selector)} if selector else {}
     param_ref = {"name": params_name(policy.name), "namespace": policy.spec.output.namespace,
-                 "parameterNotFoundAction": "Deny"}
+                 "parameterNotFoundAction": "Allow"}
     specs = [
         (ADMISSION_API_VERSION, "ValidatingAdmissionPolicyBinding", names[key], {
             "policyName": SHARED_NAMES[key], "paramRef": dict(param_ref), "validationActions": [action],
