@@ -142,3 +142,24 @@ def test_a_new_leader_keeps_the_status_until_it_has_read_and_an_unmeasured_polic
     assert before is kept and again is measured
     assert measured.nodes == 3 and measured.classes[0].pods_measured == 3
     assert other is None  # not measured: status.measurement is removed
+
+
+def test_the_loop_stops_when_cancelled_as_a_policy_is_forgotten():
+    """At shutdown a deleted policy is forgotten (which wakes the loop) just as the loop is
+    cancelled: with asyncio.wait_for, Python 3.11 lost that cancellation and the loop ran on, so
+    the operator's cleanup waited until the kubelet killed it."""
+
+    async def read(node: str) -> object:
+        return summary(node)
+
+    async def main() -> bool:
+        loop = MeasurementLoop(read, Pods(0))
+        loop.configure(policy(), "p")
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.05)  # the loop waits to be woken
+        loop.configure(None, "p")
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=3)
+        return task in done
+
+    assert asyncio.run(main())

@@ -60,29 +60,39 @@ class EventPoster:
         self.api = api
         self.instance = instance
         self.clock = clock
-        self._pending: asyncio.Queue[tuple[Mapping, str, str, str]] = asyncio.Queue(PENDING)
+        self._pending: asyncio.Queue[tuple[Mapping, str, str, str] | None] = asyncio.Queue(PENDING)
+        self._closed = False
         self._posted: OrderedDict[tuple, _Posted] = OrderedDict()
         self._serial = 0
 
     def __call__(self, ref: Mapping, type_: str, reason: str, message: str) -> None:
+        if self._closed:
+            log.info("event %s %s not posted (stopping): %s", type_, reason, message)
+            return
         try:
             self._pending.put_nowait((ref, type_, reason, message[:MAX_MESSAGE_CHARS]))
         except asyncio.QueueFull:
             log.warning("event %s %s not posted (%d waiting): %s", type_, reason, PENDING, message)
 
     async def run(self) -> None:
-        while True:
-            ref, type_, reason, message = await self._pending.get()
+        """Post the events in order, until `close()` (what was queued before it is posted)."""
+        while (item := await self._pending.get()) is not None:
+            ref, type_, reason, message = item
             try:
                 await self.post(ref, type_, reason, message)
             except ApiError as exc:
                 log.warning("event %s %s on %s not posted: %s", type_, reason,
                             (ref.get("metadata") or {}).get("name"), exc)
 
-    async def drain(self) -> None:
-        """Post what is waiting (on shutdown)."""
-        while not self._pending.empty():
-            await self.post(*self._pending.get_nowait())
+    def close(self) -> None:
+        """No more events: `run()` posts what is queued and returns."""
+        self._closed = True
+        while True:
+            try:
+                self._pending.put_nowait(None)
+                return
+            except asyncio.QueueFull:
+                self._pending.get_nowait()  # the newest is dropped rather than the stop
 
     async def post(self, ref: Mapping, type_: str, reason: str, message: str) -> None:
         meta = ref.get("metadata") or {}

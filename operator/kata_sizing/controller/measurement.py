@@ -221,8 +221,11 @@ class MeasurementLoop:
                 wait = min((due - now for due in self.next_due.values()), default=1.0)
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), max(0.01, min(wait, 1.0)) / self.speed)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that
+                    # comes as the event is set (a policy forgotten at shutdown), and the loop ran on.
+                    async with asyncio.timeout(max(0.01, min(wait, 1.0)) / self.speed):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
         finally:
             for task in list(self._tasks):

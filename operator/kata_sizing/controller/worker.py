@@ -64,8 +64,9 @@ async def process(state: OperatorState, name: str, trigger: str) -> None:
         log.info("policy %s deleted; the garbage collector removes what the operator made for it", name)
         return
     try:
-        await asyncio.wait_for(state.children.wait_synced(), CHILDREN_SYNC_TIMEOUT_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(CHILDREN_SYNC_TIMEOUT_S):
+            await state.children.wait_synced()
+    except TimeoutError:
         raise TransientApiError(None, "the RuntimeClass, ConfigMap and admission caches have not synced yet") from None
     if has_old_bookkeeping(record.body):
         await release_old_finalizer(state, record)
