@@ -126,8 +126,8 @@ def test_helm_install_runs_two_ready_replicas_in_cluster_and_one_holds_the_lease
     for name in names:
         log = release.log(name)
         assert "Traceback" not in log and "kubernetes.default.svc" not in log, log[-3000:]
-    # kopf's first patches of the policy (finalizer, annotations) did not go to the webhook, whose
-    # Service answers only once a replica is Ready (before matchConditions: 500 until then).
+    # No request on a policy failed: its status patches do not go to the webhook, whose Service
+    # answers only once a replica is Ready (before matchConditions: 500 until then).
     failed = [(e.verb, e.resource, e.code) for e in requests if e.resource.startswith("katasizingpolicies") and e.code >= 400]
     assert failed == [], failed
 
@@ -204,8 +204,8 @@ def test_the_webhook_behind_its_service_refuses_a_broken_policy_naming_the_rule(
 def test_with_no_replica_running_a_policy_still_takes_everything_but_a_spec_change(
         release: OperatorRelease) -> None:
     """failurePolicy Fail refuses what the webhook cannot review; its matchConditions keep kopf's
-    finalizer and annotation patches (and a user's labels) away from it, so with no replica
-    running a policy can still be labelled, or its finalizer removed."""
+    metadata changes (a user's labels, the removal of an older operator's finalizer) away from it,
+    so with no replica running a policy can still be labelled, or its finalizer removed."""
     cp = release.cp
     changed = copy.deepcopy(POLICY)
     changed["spec"]["driftPolicy"] = "Report"

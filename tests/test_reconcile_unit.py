@@ -35,7 +35,7 @@ from tests.operator_helpers import example
 
 NAME = "qemu-rs"
 UID = "0e3c9a4e-0000-4000-8000-000000000001"
-READS = frozenset({"read", "list"})
+READS = frozenset({"read"})
 WRITES = frozenset({"create", "replace", "delete", "patch_status"})
 NAMESPACE = "kata-sizing"
 
@@ -120,10 +120,6 @@ class FakeApi:
     async def delete(self, key, uid=None):
         self._call("delete", key)
         self.objects.pop(tuple(key), None)
-
-    async def list(self, kind_name, label_selector=None):
-        self._call("list", kind_name, label_selector)
-        return [copy.deepcopy(o) for k, o in self.objects.items() if k[0] == kind_name]
 
     async def patch_status(self, key, patch):
         self._call("patch_status", key, copy.deepcopy(patch))

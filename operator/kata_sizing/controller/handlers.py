@@ -18,6 +18,8 @@ import dataclasses
 import logging
 import os
 
+from typing import Any
+
 import aiohttp
 import kopf
 
@@ -190,8 +192,8 @@ async def policy_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) 
 
 
 async def validate_policy(
-    body: kopf.Body, operation: str | None, old: kopf.Body | None, new: kopf.Body | None,
-    warnings: list[str], **_,
+    body: kopf.Body, warnings: list[str], operation: str | None = None, old: kopf.Body | None = None,
+    new: kopf.Body | None = None, **_: Any,
 ) -> None:
     if not adm.needs_review(operation, old, new):
         return

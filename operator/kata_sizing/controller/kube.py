@@ -1,6 +1,6 @@
 """The one module that talks to the Kubernetes API (the `kubernetes` asyncio client).
 
-Generic over the table of kinds in `kinds`: `create`, `read`, `replace`, `delete`, `list` and
+Generic over the table of kinds in `kinds`: `create`, `read`, `replace`, `delete`, `patch` and
 `patch_status` take and return plain dicts in the API's own JSON shape, so the rest of the
 operator never sees the client's models. Errors come out as the kinds of `api_errors`:
 NotFound, Conflict (409: re-read and retry), Invalid (422), TransientApiError (5xx, 429,
@@ -233,12 +233,6 @@ class KubeApi:
         except NotFound:
             pass
 
-    async def list(self, kind_name: str, label_selector: str | None = None) -> list[dict]:
-        kind = self.kind(kind_name)
-        found = await self._json("GET", self.path(kind), f"list {kind.plural}",
-                                 query={"labelSelector": label_selector})
-        return [self._typed(item, kind_name, kind) for item in found.get("items") or []]
-
     async def patch(self, key: ObjKey, patch: dict | list) -> dict:
         """A merge patch (dict) or a JSON patch (list, which may carry `test` operations)."""
         return await self._patch(key, patch)
@@ -307,7 +301,8 @@ class KubeApi:
 
     async def list_all(self, kind_name: str, label_selector: str | None = None, page_size: int = 500) -> list[dict]:
         """Every object of a collection, read a page at a time (for the CLI's one-off survey)."""
-        found, continue_token = [], None
+        found: list[dict] = []
+        continue_token = None
         while True:
             page, _, continue_token = await self.list_page(kind_name, page_size, continue_token, label_selector)
             found.extend(page)

@@ -185,6 +185,12 @@ class Desired:
             return self.guarded[key], Ownership.GUARDED
         return None
 
+    def wanted(self, key: ObjKey) -> tuple[dict, Ownership]:
+        """`lookup` of a key of `keys()`."""
+        found = self.lookup(key)
+        assert found is not None, key
+        return found
+
     def keys(self) -> list[ObjKey]:
         return [*self.owned, *self.guarded]
 
@@ -377,7 +383,7 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
     owner = (desired.policy_name, desired.policy_uid)
     actions = []
     for key in desired.keys():
-        want, role = desired.lookup(key)
+        want, role = desired.wanted(key)
         have = live.get(key)
         ownership = Ownership.FOREIGN if have is not None and not is_ours(have, *owner) else role
         trigger = key_trigger(pass_trigger, previous, key, want)
@@ -403,22 +409,6 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
 
 def plan_pass(gathered: Gathered) -> Plan:
     return plan_objects(gathered.intent, gathered.live, gathered.live_of_policy, gathered.trigger, gathered.previous)
-
-
-def plan_deletion(body: Mapping, live_of_policy: Mapping[ObjKey, dict], chart_owned: bool) -> Plan:
-    """The policy is being deleted: remove what the operator created, nothing else (the chart's
-    RuntimeClasses stay)."""
-    meta = body.get("metadata") or {}
-    owner = (meta.get("name"), meta.get("uid"))
-    actions = []
-    for key, have in live_of_policy.items():
-        if not is_ours(have, *owner):
-            continue
-        role = Ownership.GUARDED if key[0] == "RuntimeClass" and chart_owned else Ownership.OWNED
-        action = decide(None, have, role, "Correct", Trigger.APPLY)
-        if action.verb is not Verb.NOTHING:
-            actions.append(action)
-    return Plan(Intent(), tuple(actions))
 
 
 def conflict_text(action: Action) -> str:
