@@ -708,3 +708,45 @@ def test_kata_deploy_mode_guards_the_charts_runtime_classes_but_never_creates_or
     assert set(runtime_classes(emu)) == RC_NAMES
     assert config_maps(emu) == {}
     assert not [r for r in emu.write_requests(RC_PATH) if r.method in ("POST", "DELETE")]
+
+
+# --- 14. logs an administrator can read ------------------------------------------------------
+
+
+def test_at_info_the_operator_says_what_it_changed_and_nothing_per_policy_per_tick(cluster, caplog, monkeypatch):
+    """Three policies, the guidance check every 0.2 s and the resync every 0.5 s: while nothing
+    changes, no line at INFO (kopf used to log "Timer 'guidance' succeeded" for every policy at
+    every tick); a hand edit is one INFO line naming what was written and why."""
+    from kata_sizing.controller import worker
+
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 0.2)
+    caplog.set_level(logging.INFO, logger="kopf")
+    caplog.set_level(logging.DEBUG, logger="kata_sizing")  # last: it sets the capture's level too
+    emu = cluster.emu
+    cluster.start(resync_s=0.5)
+    for name, prefix in (("a", "kata-a"), ("b", "kata-b"), (NAME, "kata-qemu-rs")):
+        body = example()
+        body["metadata"]["name"] = name
+        body["spec"]["runtimeClass"] = {**body["spec"]["runtimeClass"], "namePrefix": prefix}
+        body["spec"]["output"] = {"namespace": OUTPUT_NAMESPACE}
+        applied(cluster, body)
+    # The node guidance's inputs move as well: a node comes, the check passes each policy once.
+    emu.objects("nodes").create({"metadata": {"name": "n1", "labels": {"katacontainers.io/kata-runtime": "true"}},
+                                 "status": {"capacity": {"memory": "64Gi", "cpu": "16"},
+                                            "allocatable": {"memory": "60Gi", "cpu": "15"}}})
+    wait_for(lambda: "n1" in str(get_cm(emu, f"{NAME}-node-guidance")["data"]), DRIFT_TIMEOUT_S)
+    settle(emu)
+    caplog.clear()
+    stays(lambda: True, 2.0)  # ten guidance ticks and four resyncs of three policies in sync
+    said = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == [], said
+    skipped = [r for r in caplog.records if r.name == "kata_sizing.reconcile" and r.trigger == "resync"]
+    assert len({r.policy for r in skipped}) == 3 and all(r.levelno == logging.DEBUG for r in skipped)
+
+    edit(emu, RUNTIME_CLASSES, "kata-qemu-rs-m", _rc_memory)
+    wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, DRIFT_TIMEOUT_S)
+    settle(emu)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"reconciled {NAME}: trigger=drift result=ok writes=1 duration=")
+    assert said[0].endswith("(updated RuntimeClass kata-qemu-rs-m; status written)")
