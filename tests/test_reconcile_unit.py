@@ -974,3 +974,46 @@ def test_a_policy_is_sized_once_per_generation_however_many_policies_there_are()
     assert state.records["p3"].sizing is not None
     state.forget_policy("p2")
     assert "p2" not in state.records
+
+
+def test_the_audit_of_unmanaged_runtime_classes_runs_again_only_when_one_of_them_changes(monkeypatch):
+    """At a cold start every pass writes RuntimeClasses of its own; the audit looks only at those no
+    policy renders, so those writes must not make each pass audit every class again (O(policies²)
+    at 200 policies, docs/performance.md)."""
+    from kata_sizing.controller import gather
+
+    audited = []
+    original = gather.audit_runtime_classes
+
+    def counting(runtime_classes, managed_names):
+        audited.append(sorted(rc["metadata"]["name"] for rc in runtime_classes))
+        return original(runtime_classes, managed_names)
+
+    monkeypatch.setattr(gather, "audit_runtime_classes", counting)
+    theirs = {"kind": "RuntimeClass", "apiVersion": "node.k8s.io/v1", "handler": "kata-qemu",
+              "metadata": {"name": "kata-qemu"}}
+    api = FakeApi(theirs, allow=READS | {"create", "patch_status"})
+    state = make_state(api)
+    state.events = lambda ref, type_, reason, message: None
+    rcs = state.children.runtime_classes
+    rcs.items = {}
+
+    def follow() -> None:  # the RuntimeClass cache as the informer keeps it: a version per change
+        rcs.items = {k: o for k, o in api.objects.items() if k[0] == "RuntimeClass"}
+        rcs.version += 1
+
+    state.children.all_runtime_classes = lambda: list(rcs.items.values())
+    for i in range(3):
+        body = policy_body()
+        body["metadata"].update(name=f"p{i}", uid=f"uid-{i}")
+        body["spec"]["runtimeClass"] = {**body["spec"]["runtimeClass"], "namePrefix": f"kata-p{i}"}
+        api._store(api._stamped({**body, "kind": KIND}))
+        follow()
+        record = seen(state, copy.deepcopy(api.objects[policy_key(f"p{i}")]))
+        run(rc.run_pass(state, record.name, "apply"))
+        follow()
+    assert audited == [["kata-qemu"]], audited  # the policies' own classes never made it run again
+    api.objects[("RuntimeClass", None, "kata-qemu")]["metadata"]["resourceVersion"] = "999"
+    follow()
+    run(rc.run_pass(state, "p0", "resync"))
+    assert audited == [["kata-qemu"], ["kata-qemu"]]  # the unmanaged one changed: audited again

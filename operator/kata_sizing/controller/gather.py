@@ -69,11 +69,12 @@ def _facts_key(state: OperatorState, body: Mapping) -> tuple:
 
 async def node_facts(state: OperatorState, body: Mapping) -> tuple | None:
     """Facts of the policy's nodes from the informers; None until they have synced once."""
-    try:
-        await asyncio.wait_for(
-            asyncio.gather(state.nodes.synced.wait(), state.pods.synced.wait()), INFORMER_SYNC_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        return None
+    if not (state.nodes.synced.is_set() and state.pods.synced.is_set()):
+        try:
+            async with asyncio.timeout(INFORMER_SYNC_TIMEOUT_S):
+                await asyncio.gather(state.nodes.synced.wait(), state.pods.synced.wait())
+        except TimeoutError:
+            return None
     key = _facts_key(state, body)
     selector = dict(key[-1])
     pods_by_node = memoized(state, ("pods-by-node", state.pods.version), lambda: _pods_by_node(state))
@@ -152,12 +153,22 @@ def pod_findings(state: OperatorState, body: Mapping) -> list[dict] | None:
 
 
 def unmanaged_audit(state: OperatorState) -> list | None:
+    """The audit of the Kata RuntimeClasses no policy manages, computed again only when one of
+    those changed: at a cold start every pass writes RuntimeClasses of its own, and auditing all
+    of them again on each pass cost O(policies²) (docs/performance.md)."""
     if not state.children.runtime_classes.synced.is_set():
         return None
-    return memoized(
-        state, ("audit", state.children.runtime_classes.version, state.desired.version),
-        lambda: audit_runtime_classes(list(state.children.all_runtime_classes()),
-                                      state.desired.runtime_class_names()))
+    unmanaged = memoized(state, ("unmanaged", state.children.runtime_classes.version, state.desired.version),
+                         lambda: _unmanaged_runtime_classes(state))
+    return memoized(state, ("audit", unmanaged[0]), lambda: audit_runtime_classes(list(unmanaged[1]), set()))
+
+
+def _unmanaged_runtime_classes(state: OperatorState) -> tuple[frozenset, tuple[dict, ...]]:
+    """(a fingerprint of them: names and resourceVersions, them) of the RuntimeClasses no policy renders."""
+    managed = state.desired.runtime_class_names()
+    found = tuple(rc for rc in state.children.all_runtime_classes()
+                  if (rc.get("metadata") or {}).get("name") not in managed)
+    return frozenset(((rc["metadata"].get("name"), rc["metadata"].get("resourceVersion")) for rc in found)), found
 
 
 def intent(state: OperatorState, body: Mapping, facts: tuple | None) -> Intent:

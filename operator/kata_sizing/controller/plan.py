@@ -267,9 +267,10 @@ class Intent:
 
 def intent_of(body: Mapping, nodes: list | None = None, admission_versions: Mapping[str, str] | None = None,
               sizing: PolicySizing | None = None) -> Intent:
-    """Parse, size and render a policy (`nodes`: node facts, None while unknown)."""
+    """Parse, size and render a policy (`nodes`: node facts, None while unknown; `sizing`: the
+    policy's, when it is known to be valid)."""
     try:
-        policy = parse_policy(dict(body))
+        policy = sizing.policy if sizing is not None else parse_policy(dict(body))
         sizing = sizing or size_policy(policy)
     except PolicyError as exc:
         return Intent(invalid=tuple(exc.problems))
