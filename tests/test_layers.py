@@ -1,6 +1,7 @@
 """The package's layers, read from its source: `core/` is pure (no client, no kopf, nothing of the
 operator's), `controller/` sits on it, `cli` on both; only `controller/kube.py` imports the
-Kubernetes client; and no module imports, even lazily, one that imports it back."""
+Kubernetes client; no module imports, even lazily, one that imports it back; no module imports a
+library's private module (kopf._core and the like); and every pass starts from the work queue."""
 
 from __future__ import annotations
 

@@ -327,7 +327,8 @@ def scheduling(release: OperatorRelease) -> Iterator[Callable[[dict], dict]]:
         yield apply
     finally:
         cp.kubectl("delete", "ksp", "node-scheduling", "--ignore-not-found", "--timeout=60s")
-        poll(lambda: cp.get(f"{RUNTIME_CLASSES}/{SCHEDULING_HANDLER}") is None, 30, "the RuntimeClass removed")
+        poll(lambda: cp.get(f"{RUNTIME_CLASSES}/{SCHEDULING_HANDLER}") is None, 90,
+             "the RuntimeClass removed (by the garbage collector)")
 
 
 def test_runtime_class_scheduling_decides_pending_or_running_as_the_policy_says(

@@ -55,6 +55,7 @@ def test_the_documented_uninstall_order_leaves_nothing_stuck(tmp_path_factory, t
         assert cp.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}") is None
         poll(lambda: cp.get("/api/v1/namespaces/kata-sizing") is None, 60,
              lambda: f"namespace kata-sizing: {(cp.get('/api/v1/namespaces/kata-sizing') or {}).get('status')}")
-        assert cp.items(RUNTIME_CLASSES) == {}
+        # The garbage collector's: on a control plane this young, it may be still starting to follow the CRD.
+        poll(lambda: cp.items(RUNTIME_CLASSES) == {}, 90, lambda: f"left: {sorted(cp.items(RUNTIME_CLASSES))}")
         assert cp.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/kata-sizing") is None
         assert cp.get(POLICIES.rsplit("/", 1)[0]) is None  # the API group is gone with the CRD
