@@ -132,7 +132,9 @@ class ControlPlane:
             raise RuntimeError(f"the control plane exited ({self.process.returncode}):\n{self.log_tail()}")
         self._ssl = ssl.create_default_context(cafile=str(self.state / "ca.crt"))
         self._admin_token = (self.state / "admin.token").read_text().strip()
-        self.operator_kubeconfig.write_text(yaml.safe_dump({
+        # JSON (which is YAML): every string quoted, so a hex token like 1234e5678 is never read as
+        # a number by a Go-compatible reader (the operator refused such a kubeconfig now and then).
+        self.operator_kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "operator",
             "clusters": [{"name": "controlplane", "cluster": {
                 "server": self.url, "certificate-authority": str(self.state / "ca.crt")}}],

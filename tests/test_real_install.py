@@ -45,8 +45,11 @@ def test_the_documented_uninstall_order_leaves_nothing_stuck(tmp_path_factory, t
         try:
             create_ready(cp, qemu_rs("uninstalled"))
             assert cp.items(RUNTIME_CLASSES) and cp.items(configmaps(), "katasizing.dev/policy")
-            # 1. Delete the policies: the garbage collector removes what the operator made.
-            cp.kubectl("delete", "ksp", "--all", "--timeout=60s")
+            # 1. Delete the policies, in the foreground: they go once the garbage collector has
+            # removed what the operator made (with the CRD gone first it could no longer look
+            # the owner up, and left the RuntimeClasses behind).
+            cp.kubectl("delete", "ksp", "--all", "--cascade=foreground", "--timeout=90s")
+            assert cp.items(RUNTIME_CLASSES) == {}
         finally:
             # 2. The operator goes with its Deployment.
             operator.stop()
@@ -55,7 +58,6 @@ def test_the_documented_uninstall_order_leaves_nothing_stuck(tmp_path_factory, t
         assert cp.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}") is None
         poll(lambda: cp.get("/api/v1/namespaces/kata-sizing") is None, 60,
              lambda: f"namespace kata-sizing: {(cp.get('/api/v1/namespaces/kata-sizing') or {}).get('status')}")
-        # The garbage collector's: on a control plane this young, it may be still starting to follow the CRD.
-        poll(lambda: cp.items(RUNTIME_CLASSES) == {}, 90, lambda: f"left: {sorted(cp.items(RUNTIME_CLASSES))}")
+        assert cp.items(RUNTIME_CLASSES) == {}
         assert cp.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/kata-sizing") is None
         assert cp.get(POLICIES.rsplit("/", 1)[0]) is None  # the API group is gone with the CRD
