@@ -714,7 +714,7 @@ def test_kata_deploy_mode_guards_the_charts_runtime_classes_but_never_creates_or
 
 
 def test_at_info_the_operator_says_what_it_changed_and_nothing_per_policy_per_tick(cluster, caplog, monkeypatch):
-    """Three policies, the guidance check every 0.2 s and the resync every 0.5 s: while nothing
+    """Three policies, the guidance check every 0.2 s and the resync every 0.3 s: while nothing
     changes, no line at INFO (kopf used to log "Timer 'guidance' succeeded" for every policy at
     every tick); a hand edit is one INFO line naming what was written and why."""
     from kata_sizing.controller import worker
@@ -723,7 +723,7 @@ def test_at_info_the_operator_says_what_it_changed_and_nothing_per_policy_per_ti
     caplog.set_level(logging.INFO, logger="kopf")
     caplog.set_level(logging.DEBUG, logger="kata_sizing")  # last: it sets the capture's level too
     emu = cluster.emu
-    cluster.start(resync_s=0.5)
+    cluster.start(resync_s=0.3)
     for name, prefix in (("a", "kata-a"), ("b", "kata-b"), (NAME, "kata-qemu-rs")):
         body = example()
         body["metadata"]["name"] = name
@@ -737,7 +737,7 @@ def test_at_info_the_operator_says_what_it_changed_and_nothing_per_policy_per_ti
     wait_for(lambda: "n1" in str(get_cm(emu, f"{NAME}-node-guidance")["data"]), DRIFT_TIMEOUT_S)
     settle(emu)
     caplog.clear()
-    stays(lambda: True, 2.0)  # ten guidance ticks and four resyncs of three policies in sync
+    stays(lambda: True, 1.2)  # six guidance ticks and four resyncs of three policies in sync
     said = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.INFO]
     assert said == [], said
     skipped = [r for r in caplog.records if r.name == "kata_sizing.reconcile" and r.trigger == "resync"]
