@@ -193,7 +193,7 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
         state.events.close()  # what the passes said is posted, then the poster ends
     # Bounded: a task that missed its cancellation (Python 3.11's wait_for can lose one, and the
     # kubernetes client's requests use it) must not hold the process up until it is killed.
-    _, pending = await asyncio.wait(state.background, timeout=SHUTDOWN_GRACE_S)
+    _done, pending = await asyncio.wait(state.background, timeout=SHUTDOWN_GRACE_S)
     if pending:
         log.warning("stopping with %s still running", ", ".join(sorted(t.get_name() for t in pending)))
     if state.kubelets is not None:
