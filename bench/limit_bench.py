@@ -78,14 +78,15 @@ def first_pass(body: dict, served: dict[str, str]):
     none of its objects and no node."""
     from kata_sizing.controller.execute import DONE, Outcome, Result
     from kata_sizing.controller.plan import Gathered, intent_of, plan_pass
-    from kata_sizing.controller.status import conclude
+    from kata_sizing.controller.status import conclude, status_fields
 
     intent = intent_of(body, nodes=[], admission_versions=served)
     gathered = Gathered(body=body, trigger="apply", intent=intent, nodes_known=True, unmanaged=(),
                         pod_findings=(), webhook_serving=False)
     plan = plan_pass(gathered)
     outcome = Outcome(results={a.key: Result(DONE, f"created {a.key}") for a in plan.writes})
-    return plan.writes, conclude(gathered, plan, outcome).status
+    fields = status_fields(conclude(gathered, plan, outcome).status)
+    return plan.writes, {k: v for k, v in fields.items() if v is not None}
 
 
 def _path(obj: dict, named: bool) -> str:
@@ -201,7 +202,7 @@ def first_request(cp: ControlPlane, since: int, writes_only: bool = False) -> fl
             continue
         if writes_only and (entry.get("verb") not in ("create", "update", "patch")
                             or (entry.get("objectRef") or {}).get("resource") == "katasizingpolicies"):
-            continue  # kopf's finalizer and annotation patches of the policy are not its objects' writes
+            continue  # the policy's own writes (its status) are not its objects' writes
         received.append(datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp())
     return min(received, default=None)
 
@@ -254,8 +255,8 @@ ADMISSION_COLLECTIONS = ("validatingadmissionpolicies", "validatingadmissionpoli
 
 
 def clear(cp: ControlPlane) -> None:
-    """No policy and none of their objects: policies lose their finalizers and go, the objects
-    are deleted by collection (one request per kind)."""
+    """No policy and none of their objects: policies go (a finalizer, an older operator's, is
+    dropped), the objects are deleted by collection (one request per kind)."""
     for name in cp.items(POLICIES):
         cp.merge_patch(f"{POLICIES}/{name}", {"metadata": {"finalizers": None}})
         cp.delete(f"{POLICIES}/{name}")

@@ -259,8 +259,9 @@ class OperatorRelease:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def uninstall(self) -> None:
-        """The documented order: policies first while the operator runs, then the release."""
-        self.cp.kubectl("delete", "ksp", "--all", "--timeout=60s")
+        """The documented order: policies first (in the foreground: their objects go with them),
+        then the release."""
+        self.cp.kubectl("delete", "ksp", "--all", "--cascade=foreground", "--timeout=90s")
         self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s")
         self.node.delete_namespace(NAMESPACE)
 
@@ -333,7 +334,7 @@ class OperatorRelease:
 def installed_release(node: Node, workdir: Path, apply_first: list[dict] = ()) -> Iterator[OperatorRelease]:
     """The image imported, the namespace and Secret made, `apply_first` applied (the operator
     then finds them when it starts), the chart installed and both replicas Ready; uninstalled
-    (policies first, while the operator runs) on exit."""
+    (policies first, in the foreground) on exit."""
     require_image()
     release = OperatorRelease(node, workdir)
     name = release.import_image()

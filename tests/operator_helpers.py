@@ -233,11 +233,13 @@ def named(records: list) -> list[str]:
     return names
 
 
-def handler_runs(caplog: Any, handler: str) -> int:
-    """How many times kopf reports a handler (`Timer 'resync'`, `Handler 'resume'`) succeeded.
-    Passes that read only the operator's caches make no request to count them by; the test
-    must have called `caplog.set_level(logging.INFO, logger="kopf")`."""
-    return sum(1 for r in caplog.records if r.getMessage() == f"{handler} succeeded.")
+def passes(caplog: Any, policy: str, trigger: str | None = None) -> int:
+    """How many passes of `policy` (for `trigger`) the operator logged. Passes that read only the
+    operator's caches make no request to count them by; the test must have called
+    `caplog.set_level(logging.DEBUG, logger="kata_sizing.reconcile")` (a pass that changed
+    nothing says so at DEBUG)."""
+    return sum(1 for r in caplog.records if getattr(r, "policy", None) == policy
+               and (trigger is None or getattr(r, "trigger", None) == trigger))
 
 
 # --- the operator under test -----------------------------------------------------------------
@@ -262,12 +264,12 @@ class OperatorCluster:
         measurement.Clock)."""
         import kopf
 
-        from kata_sizing.controller import handlers
+        from kata_sizing.controller import handlers, worker
         from tests.harness import KopfThread
 
         assert self.operator is None, "the operator is already running"
-        # build_registry() reads the interval, so a short one never leaks into other tests.
-        self._monkeypatch.setattr(handlers, "RESYNC_INTERVAL_S", resync_s)
+        # Read as each pass ends; set here, so a short one never leaks into other tests.
+        self._monkeypatch.setattr(worker, "RESYNC_INTERVAL_S", resync_s)
         self.operator = KopfThread(self.emu.kubeconfig, registry=handlers.build_registry(),
                                    settings_hook=settings_hook, memo=kopf.Memo(lease=lease, **memo))
         self.memo = self.operator.memo

@@ -11,8 +11,9 @@ when the session runs node tests: tests/realnode.py), installs kata-sizing with 
   every request made with the operator's ServiceAccount identity);
 - `real_operator`: a `RealOperator` not yet started; `start()` runs `kata-sizing operator` as a
   subprocess with the ServiceAccount's token, so the real authorizer enforces the ClusterRole.
-  At the end of each test the operator's policies are deleted (finalizers run), it is stopped,
-  and the test fails if the API server answered any of its requests with 403.
+  At the end of each test the operator's policies are deleted (the garbage collector removes
+  what the operator made), it is stopped, and the test fails if the API server answered any of
+  its requests with 403.
 
 Without the binary (no Go on the machine) the tests that use it skip with one reason; with
 KATA_SIZING_REQUIRE_CONTROLPLANE=1 (set by .ci/run) that skip is a failure instead.
@@ -131,7 +132,9 @@ class ControlPlane:
             raise RuntimeError(f"the control plane exited ({self.process.returncode}):\n{self.log_tail()}")
         self._ssl = ssl.create_default_context(cafile=str(self.state / "ca.crt"))
         self._admin_token = (self.state / "admin.token").read_text().strip()
-        self.operator_kubeconfig.write_text(yaml.safe_dump({
+        # JSON (which is YAML): every string quoted, so a hex token like 1234e5678 is never read as
+        # a number by a Go-compatible reader (the operator refused such a kubeconfig now and then).
+        self.operator_kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "operator",
             "clusters": [{"name": "controlplane", "cluster": {
                 "server": self.url, "certificate-authority": str(self.state / "ca.crt")}}],
@@ -383,7 +386,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, control_plane_addres
 
 
 def delete_policies(cp: ControlPlane, operator_running: bool) -> None:
-    """Delete every KataSizingPolicy; with the operator stopped, drop finalizers so none hangs."""
+    """Delete every KataSizingPolicy; with the operator stopped, drop finalizers (an older
+    operator's, which a test may set) so none hangs."""
     for name in cp.items(POLICIES):
         if not operator_running:
             cp.merge_patch(f"{POLICIES}/{name}", {"metadata": {"finalizers": None}})

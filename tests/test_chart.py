@@ -321,8 +321,9 @@ def test_the_deployments_args_parse_with_the_real_cli(helm: str) -> None:
                                                                           ("1.37", True)])
 def test_the_webhook_is_called_only_for_spec_changes_where_the_server_can_say_so(
         helm: str, kube_version: str, reviewed_only_on_spec_change: bool) -> None:
-    """kopf's finalizer and annotation patches must not wait for the webhook (on the real node they
-    failed with 500 until its Service answered): matchConditions, from 1.28."""
+    """Metadata changes (labels, an older operator's finalizer removed) must not wait for the webhook
+    (on the real node kopf's patches failed with 500 until its Service answered): matchConditions,
+    from 1.28."""
     (hook,) = one(template(helm, "--kube-version", kube_version, *EVERYTHING_ON),
                   "ValidatingWebhookConfiguration")["webhooks"]
     conditions = hook.get("matchConditions")

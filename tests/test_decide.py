@@ -21,7 +21,7 @@ import pytest
 from kata_sizing.controller import conditions as cond
 from kata_sizing.controller.execute import DONE, Outcome, Result
 from kata_sizing.controller.plan import (
-    Gathered, Ownership, Trigger, Verb, build_desired, decide, intent_of, key_trigger, plan_pass,
+    Gathered, Ownership, Reason, Trigger, Verb, build_desired, decide, intent_of, key_trigger, plan_pass,
 )
 from kata_sizing.controller.status import conclude
 from kata_sizing.core.model import parse_policy
@@ -88,11 +88,26 @@ TABLE = {
 CASES = [(ownership, wanted, have, policy, trigger, verbs[i])
          for (ownership, wanted, have), verbs in TABLE.items() for i, (policy, trigger) in enumerate(COMBOS)]
 
+# Why, for each row whatever the drift policy and the trigger: what status and events say comes
+# from here (tests/test_events.py), never from looking at the object again.
+R = Reason
+REASONS = {
+    (Ownership.OWNED, True, "none"): R.MISSING, (Ownership.OWNED, True, "equal"): R.IN_SYNC,
+    (Ownership.OWNED, True, "differs"): R.DIFFERS, (Ownership.OWNED, True, "handler"): R.HANDLER_CHANGED,
+    (Ownership.OWNED, False, "none"): R.ABSENT, (Ownership.OWNED, False, "equal"): R.NOT_WANTED,
+    (Ownership.OWNED, False, "differs"): R.NOT_WANTED, (Ownership.OWNED, False, "handler"): R.NOT_WANTED,
+    (Ownership.GUARDED, True, "none"): R.CHART_MISSING, (Ownership.GUARDED, True, "equal"): R.IN_SYNC,
+    (Ownership.GUARDED, True, "differs"): R.DIFFERS, (Ownership.GUARDED, True, "handler"): R.HANDLER_IMMUTABLE,
+    (Ownership.GUARDED, False, "none"): R.ABSENT, (Ownership.GUARDED, False, "equal"): R.CHART_OWNED,
+    (Ownership.GUARDED, False, "differs"): R.CHART_OWNED, (Ownership.GUARDED, False, "handler"): R.CHART_OWNED,
+    **{(Ownership.FOREIGN, wanted, have): R.FOREIGN for wanted in (True, False) for have in ("equal", "differs", "handler")},
+}
+
 
 def test_the_table_holds_every_combination():
     every = {(o, w, h) for o, w, h in itertools.product(Ownership, (True, False), HAVE)
              if not (o is Ownership.FOREIGN and h == "none")}  # somebody else's object exists, or it is not foreign
-    assert set(TABLE) == every and len(CASES) == len(every) * len(COMBOS) == 132
+    assert set(TABLE) == every == set(REASONS) and len(CASES) == len(every) * len(COMBOS) == 132
 
 
 @pytest.mark.parametrize("ownership, wanted, have, drift_policy, trigger, verb", CASES,
@@ -101,6 +116,7 @@ def test_decide(ownership, wanted, have, drift_policy, trigger, verb):
     want = _want() if wanted else None
     action = decide(want, copy.deepcopy(HAVE[have]), ownership, drift_policy, trigger)
     assert action.verb is verb
+    assert action.reason is REASONS[ownership, wanted, have]
     if want is not None or HAVE[have] is not None:
         assert action.key == ("RuntimeClass", None, "kata-qemu-rs-m")
     if verb is Verb.REPLACE:
@@ -153,11 +169,15 @@ def test_key_trigger_is_drift_only_when_the_policy_wants_what_it_wanted_before()
 # --- the three disagreements, concluded: the pass and a drift event say the same ---------------------------
 
 
-def _gathered(body: dict, live: dict, trigger: str, previous=None) -> Gathered:
+def _gathered(body: dict, live: dict, trigger: str, previous=None, status=None) -> Gathered:
     intent = intent_of(body)
     of_policy = {k: v for k, v in live.items() if (v["metadata"].get("labels") or {}).get(POLICY_LABEL) == NAME}
     return Gathered(body=body, trigger=trigger, intent=intent, live=live, live_of_policy=of_policy,
-                    previous=previous)
+                    previous=previous, status=status)
+
+
+def _conditions(done) -> dict:
+    return {c.type: c for c in done.status.conditions}
 
 
 def _live_objects(body: dict) -> dict:
@@ -189,8 +209,8 @@ def test_a_handler_changed_by_hand_under_report_is_reported_by_the_pass_and_the_
     assert [(t, r) for t, r, _ in done.events] == [("Warning", cond.EVENT_DRIFT_DETECTED)]
     assert "driftPolicy is Report, not corrected" in done.events[0][2]
     assert dict(done.counts) == {"driftDetected": 1}
-    in_sync = {c["type"]: c for c in done.status["conditions"]}["InSync"]
-    assert (in_sync["status"], in_sync["reason"]) == ("False", cond.REASON_DRIFT_REPORTED)
+    in_sync = _conditions(done)["InSync"]
+    assert (in_sync.status, in_sync.reason) == ("False", cond.REASON_DRIFT_REPORTED)
 
 
 def _chart_body() -> dict:
@@ -212,8 +232,7 @@ def test_a_chart_runtime_class_whose_handler_changed_is_reported_immutable_by_bo
     assert not [e for e in done.events if e[1] == cond.EVENT_DRIFT_CORRECTED]
     [(kind, reason, message)] = done.events
     assert reason == cond.EVENT_DRIFT_DETECTED and "immutable" in message and "fix the chart" in message
-    in_sync = {c["type"]: c for c in done.status["conditions"]}["InSync"]
-    assert "handler 'changed' (immutable; fix the chart)" in in_sync["message"]
+    assert "handler 'changed' (immutable; fix the chart)" in _conditions(done)["InSync"].message
 
 
 @pytest.mark.parametrize("trigger", ["resync", "drift"])
@@ -225,17 +244,16 @@ def test_a_deleted_chart_runtime_class_turns_ready_false_at_once_and_back_when_i
     plan, done = _conclude_without_writes(_gathered(body, live, trigger, previous=previous))
     [action] = plan.actions
     assert action.verb is Verb.MISSING
-    conditions = {c["type"]: c for c in done.status["conditions"]}
-    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", cond.REASON_RUNTIME_CLASS_MISSING)
+    conditions = _conditions(done)
+    assert (conditions["Ready"].status, conditions["Ready"].reason) == ("False", cond.REASON_RUNTIME_CLASS_MISSING)
     [(_, reason, message)] = done.events
     assert reason == cond.EVENT_DRIFT_DETECTED
     assert "driftPolicy is Report" not in message and "the kata-deploy chart creates it" in message
     # The chart makes it again: the very next pass (the drift event of its creation) says InSync.
     live[("RuntimeClass", None, "kata-qemu-rs-m")] = gone
-    body["status"] = done.status
-    _, again = _conclude_without_writes(_gathered(body, live, trigger, previous=previous))
-    conditions = {c["type"]: c for c in again.status["conditions"]}
-    assert (conditions["InSync"]["status"], conditions["Ready"]["status"]) == ("True", "True")
+    _, again = _conclude_without_writes(_gathered(body, live, trigger, previous=previous, status=done.status))
+    conditions = _conditions(again)
+    assert (conditions["InSync"].status, conditions["Ready"].status) == ("True", "True")
 
 
 def test_the_same_drift_is_reported_once_and_a_correction_counted_once_it_lands():

@@ -162,9 +162,9 @@ def test_the_kubelet_is_found_from_the_nodes_status(status_block, expected):
 
 @pytest.mark.emulator
 def test_the_operator_measures_through_the_kubelets_own_port(cluster, tmp_path, monkeypatch):
-    from kata_sizing.controller import handlers
+    from kata_sizing.controller import worker
 
-    monkeypatch.setattr(handlers, "GUIDANCE_INTERVAL_S", 0.5)
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 0.5)
     emu = cluster.emu
     emu.write_kubeconfig(emu.kubeconfig)  # no token in the emulator's kubeconfig: give the operator one
     config = json.loads(Path(emu.kubeconfig).read_text())

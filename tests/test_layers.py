@@ -1,6 +1,7 @@
 """The package's layers, read from its source: `core/` is pure (no client, no kopf, nothing of the
 operator's), `controller/` sits on it, `cli` on both; only `controller/kube.py` imports the
-Kubernetes client; and no module imports, even lazily, one that imports it back."""
+Kubernetes client; no module imports, even lazily, one that imports it back; no module imports a
+library's private module (kopf._core and the like); and every pass starts from the work queue."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ def _type_checking_only(node: ast.If) -> bool:
 
 def _imports(path: Path) -> set[str]:
     """Every module `path` imports (at any depth: a function's lazy import counts), absolute."""
-    module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return _imports_in(path.read_text(), _module_name(path), path.name == "__init__.py", str(path))
+
+
+def _imports_in(text: str, module: str, is_package: bool = False, filename: str = "<test>") -> set[str]:
+    package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -48,7 +52,7 @@ def _imports(path: Path) -> set[str]:
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(), str(path)))
+    visit(ast.parse(text, filename))
     return found
 
 
@@ -93,3 +97,65 @@ def test_no_import_cycle():
     for name in sorted(MODULES):
         if name not in state:
             walk(name, [name])
+
+
+def _is_private(module: str) -> bool:
+    """A library module its authors keep to themselves: a name part with a leading underscore
+    (kopf._core, pydantic._internal), or one of the helpers aiohttp documents as internal."""
+    return any(part.startswith("_") for part in module.split(".")) or module.startswith(("aiohttp.helpers",))
+
+
+def test_no_module_imports_a_private_module_of_a_library():
+    # kopf, aiohttp and pydantic change their internals in any release, without notice.
+    for name, path in MODULES.items():
+        private = sorted(i for i in _imports(path)
+                         if not i.startswith(("kata_sizing", "__future__")) and _is_private(i))
+        assert not private, f"{name} imports {private}, which its library keeps private"
+
+
+def test_the_private_import_check_catches_kopfs_internals():
+    text = "import kopf\nfrom kopf._core.engines import posting\n\ndef late():\n    import aiohttp.helpers\n"
+    found = {i for i in _imports_in(text, "kata_sizing.controller.sample") if _is_private(i)}
+    assert found == {"kopf._core.engines", "kopf._core.engines.posting", "aiohttp.helpers"}
+
+
+def _references(tree: ast.AST, name: str) -> list[str]:
+    """The functions (by name) whose body names `name` (a call, or the function handed on)."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name):
+            found.append(function)
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def passes_started_by(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """(module, function) of every place that names reconcile.run_pass, other than its own
+    definition and imports."""
+    return {(module, function) for module, text in sources.items()
+            for function in _references(ast.parse(text), "run_pass")}
+
+
+def test_every_pass_starts_from_the_work_queue():
+    """One entry path: the queue's processor. A kopf handler, a timer or a callback that ran a pass
+    itself would have its own retry, its own lock and its own idea of what a failure means."""
+    sources = {name: path.read_text() for name, path in MODULES.items()}
+    assert passes_started_by(sources) == {("kata_sizing.controller.worker", "process")}
+    assert not GRAPH["kata_sizing.controller.handlers"] & {
+        "kata_sizing.controller.reconcile", "kata_sizing.controller.execute"}, "kopf's handlers only queue work"
+
+
+def test_the_entry_path_check_catches_a_second_caller():
+    sources = {"kata_sizing.controller.worker": "async def process(state, name, trigger):\n"
+                                               "    await run_pass(state, name, trigger)\n",
+               "kata_sizing.controller.handlers": "from . import reconcile\n"
+                                                 "async def resync(memo, **_):\n"
+                                                 "    await reconcile.run_pass(memo.state, 'p', 'resync')\n"}
+    assert passes_started_by(sources) == {("kata_sizing.controller.worker", "process"),
+                                          ("kata_sizing.controller.handlers", "resync")}

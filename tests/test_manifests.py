@@ -63,13 +63,14 @@ READ_WRITE = ("get", "list", "watch", "create", "update", "delete")
 FRAMEWORK_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     # kopf's scanning for CRDs (namespaces only with namespace patterns: not here).
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
-    # kopf's events: the core API, create only (the real API server's audit log shows it).
-    ("", "events"): ("create",),
-    # kopf's finalizer, annotations and progress on the watched resource.
-    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("list", "watch", "patch"),
+    # kopf's policy watch (it writes nothing on a policy).
+    (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("list", "watch"),
 }
 APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    # patch: the finalizer an operator before this one set, taken off by the first pass.
     (CUSTOM_RESOURCE_GROUP, "katasizingpolicies"): ("get", "list", "watch", "patch"),
+    # The operator's events: created, and a repeat counted on the one posted (patch).
+    ("", "events"): ("create", "patch"),
     (CUSTOM_RESOURCE_GROUP, "katasizingpolicies/status"): ("patch",),
     ("node.k8s.io", "runtimeclasses"): READ_WRITE,
     ("", "configmaps"): READ_WRITE,

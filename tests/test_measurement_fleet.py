@@ -45,9 +45,9 @@ def deep_size(root: object) -> int:
 
 
 def test_five_hundred_nodes_are_each_read_once_per_interval_with_flat_memory(cluster, monkeypatch):
-    from kata_sizing.controller import handlers
+    from kata_sizing.controller import worker
 
-    monkeypatch.setattr(handlers, "GUIDANCE_INTERVAL_S", 1.0)
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 1.0)
     emu = cluster.emu
     pods_by_node: dict[str, list[dict]] = {}
     for n in range(NODES):

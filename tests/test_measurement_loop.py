@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kata_sizing.controller.measurement import Clock, MeasuredPolicy, MeasurementLoop, next_turn, phase_s
 from kata_sizing.core.headroom import HeadroomThreshold
 from kata_sizing.core.measure import KataPod
+from kata_sizing.core.model import MeasurementStatus
 
 MIB = 2**20
 INTERVAL_S = 60.0
@@ -123,7 +124,8 @@ def test_a_new_leader_keeps_the_status_until_it_has_read_and_an_unmeasured_polic
     async def main() -> tuple:
         loop = MeasurementLoop(read, Pods(3), clock=Clock(now=lambda: now[0], speed=1e9), read_slots=4)
         loop.configure(policy(), "p")
-        before = loop.report("p")  # nothing read yet: the status keeps what it holds
+        kept = MeasurementStatus(interval_seconds=60, window_seconds=600, nodes=3)  # the last leader's
+        before = loop.report("p", kept)  # nothing read yet: the status keeps what it holds
         task = asyncio.create_task(loop.run())
         for _ in range(int(INTERVAL_S / 0.25) + 4):
             now[0] += 0.25
@@ -131,12 +133,33 @@ def test_a_new_leader_keeps_the_status_until_it_has_read_and_an_unmeasured_polic
                 await asyncio.sleep(0)
         measured = loop.report("p")
         loop.forget()  # another replica leads, then this one again: its window starts empty
-        again = loop.report("p")
+        again = loop.report("p", measured)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        return before, measured, again, loop.report("other")
+        return kept, before, measured, again, loop.report("other", kept)
 
-    before, measured, again, other = asyncio.run(main())
-    assert before is None and again is None
-    assert measured["nodes"] == 3 and measured["classes"][0]["podsMeasured"] == 3
-    assert other == {}  # not measured: status.measurement is removed
+    kept, before, measured, again, other = asyncio.run(main())
+    assert before is kept and again is measured
+    assert measured.nodes == 3 and measured.classes[0].pods_measured == 3
+    assert other is None  # not measured: status.measurement is removed
+
+
+def test_the_loop_stops_when_cancelled_as_a_policy_is_forgotten():
+    """At shutdown a deleted policy is forgotten (which wakes the loop) just as the loop is
+    cancelled: with asyncio.wait_for, Python 3.11 lost that cancellation and the loop ran on, so
+    the operator's cleanup waited until the kubelet killed it."""
+
+    async def read(node: str) -> object:
+        return summary(node)
+
+    async def main() -> bool:
+        loop = MeasurementLoop(read, Pods(0))
+        loop.configure(policy(), "p")
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.05)  # the loop waits to be woken
+        loop.configure(None, "p")
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=3)
+        return task in done
+
+    assert asyncio.run(main())

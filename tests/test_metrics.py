@@ -77,7 +77,7 @@ class _Outcome:
 ])
 def test_a_pass_is_counted_by_result_timed_and_logged_once(outcome, result, caplog):
     before = registry_text()
-    with caplog.at_level(logging.INFO, logger="kata_sizing.reconcile"):
+    with caplog.at_level(logging.DEBUG, logger="kata_sizing.reconcile"):
         with metrics.reconcile_pass("p1", "apply") as current:
             current.writes.extend(outcome.writes)
             current.done(outcome)
@@ -91,6 +91,24 @@ def test_a_pass_is_counted_by_result_timed_and_logged_once(outcome, result, capl
     [record] = [r for r in caplog.records if r.name == "kata_sizing.reconcile"]
     assert (record.policy, record.trigger, record.result, record.writes) == ("p1", "apply", result, len(outcome.writes))
     assert record.duration_s >= 0
+    # At INFO what a pass changed; a pass that changed nothing is a DEBUG line.
+    assert record.levelno == (logging.INFO if outcome.writes else logging.DEBUG)
+    if outcome.writes:
+        assert record.getMessage().endswith("(created RuntimeClass a; created ConfigMap b)")
+
+
+def test_the_reconcile_line_names_a_few_writes_and_the_status_write(caplog):
+    with caplog.at_level(logging.DEBUG, logger="kata_sizing.reconcile"):
+        with metrics.reconcile_pass("p4", "guidance") as current:
+            current.writes.extend(f"updated RuntimeClass c{i}" for i in range(6))
+            current.status_written = True
+            current.done(_Outcome(current.writes))
+    [record] = [r for r in caplog.records if getattr(r, "policy", None) == "p4"]
+    assert record.levelno == logging.INFO
+    assert record.getMessage().endswith(
+        "(updated RuntimeClass c0; updated RuntimeClass c1; updated RuntimeClass c2; updated RuntimeClass c3; "
+        "2 more; status written)")
+    assert record.written == [f"updated RuntimeClass c{i}" for i in range(6)] and record.status_written
 
 
 def test_a_pass_that_raises_counts_as_error_with_the_writes_that_landed_before(caplog):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing.controller import handlers
+from kata_sizing.controller import worker
 from tests.operator_helpers import (
     condition,
     event_messages,
@@ -59,7 +59,7 @@ def guidance_documents(emu) -> dict[str, dict]:
 
 @pytest.fixture
 def fast_guidance(monkeypatch):
-    monkeypatch.setattr(handlers, "GUIDANCE_INTERVAL_S", 0.3)
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 0.3)
 
 
 def test_guidance_comes_from_the_live_nodes_and_the_infra_pods_on_them(cluster, fast_guidance):

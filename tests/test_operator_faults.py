@@ -181,9 +181,9 @@ def test_a_dropped_connection_while_correcting_is_retried(cluster, monkeypatch):
 
 
 def test_a_failed_guidance_pass_is_retried_without_waiting_for_the_next_change(cluster, monkeypatch):
-    from kata_sizing.controller import handlers
+    from kata_sizing.controller import worker
 
-    monkeypatch.setattr(handlers, "GUIDANCE_INTERVAL_S", 0.3)
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 0.3)
     emu = cluster.emu
     emu.objects("nodes").create(_node("n1", "256Gi"))
     cluster.start()

@@ -82,9 +82,9 @@ def measured_class(emu, policy: str, name: str) -> dict:
 @pytest.fixture(autouse=True)
 def _status_refresh(monkeypatch):
     """The guidance timer writes the measurement to status; every half second here, not 10 s."""
-    from kata_sizing.controller import handlers
+    from kata_sizing.controller import worker
 
-    monkeypatch.setattr(handlers, "GUIDANCE_INTERVAL_S", 0.5)
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 0.5)
 
 
 def start(cluster, **measurement) -> None:

@@ -16,10 +16,9 @@ from kata_sizing.core.model import parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import (
-    handler_runs,
-    CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RC_PATH, RUNTIME_CLASSES, STATUS_PATH,
+    CM_PATH, CONFIG_MAPS, EVENT_PATH, OUTPUT_NAMESPACE, POLICIES, RC_PATH, RUNTIME_CLASSES, STATUS_PATH,
     condition, conditions, config_maps, counter, describe_writes, edit, event_messages, events,
-    example, explicit_classes_policy, get_cm, get_rc, named, pod_fixed, policy,
+    example, explicit_classes_policy, get_cm, get_rc, named, passes, pod_fixed, policy,
     runtime_classes, settle, status, stays, update_spec, versions, wait_for, wait_observed, writes,
 )
 
@@ -364,7 +363,7 @@ def test_report_mode_reports_drift_without_correcting_it_until_switched_back(clu
 
 
 def test_an_unmanaged_runtime_class_with_our_name_is_left_alone_and_reported(cluster, caplog):
-    caplog.set_level(logging.INFO, logger="kopf")
+    caplog.set_level(logging.DEBUG, logger="kata_sizing.reconcile")
     emu = cluster.emu
     theirs = emu.objects(RUNTIME_CLASSES).create({
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
@@ -387,9 +386,9 @@ def test_an_unmanaged_runtime_class_with_our_name_is_left_alone_and_reported(clu
     assert not writes(emu, "/runtimeclasses/kata-qemu-rs-m")
     # Resyncs (every 0.5 s here) of a policy still in Conflict: no write, not even the event again.
     emu.reset_request_log()
-    resyncs = handler_runs(caplog, "Timer 'resync'")
+    resyncs = passes(caplog, NAME, "resync")
     stays(lambda: not emu.write_requests(), 1.6, "a resync in Conflict wrote something")
-    assert handler_runs(caplog, "Timer 'resync'") >= resyncs + 2
+    assert passes(caplog, NAME, "resync") >= resyncs + 2
     assert len(event_messages(emu, cond.EVENT_CONFLICT)) == 1, "the same conflict was announced again"
 
     # Their own edits of their object are theirs: not "corrected".
@@ -497,44 +496,95 @@ def test_every_problem_of_an_invalid_policy_is_in_the_condition(cluster):
 # --- 10. deleting the policy -----------------------------------------------------------------
 
 
-def test_deleting_the_policy_removes_what_it_created_and_nothing_else(cluster_without_gc):
-    cluster = cluster_without_gc
+def _deletion_setup(emu) -> dict:
+    """Objects the deletion must leave alone: somebody else's with a name like ours, and ours of
+    another policy."""
+    return {
+        ("cm", f"{NAME}-notes"): emu.objects(CONFIG_MAPS).create({
+            "metadata": {"name": f"{NAME}-notes", "namespace": OUTPUT_NAMESPACE,
+                         "labels": {MANAGED_BY_LABEL: "someone-else"}}, "data": {"a": "b"}}),
+        ("rc", "kata-qemu-rs-m-gpu"): emu.objects(RUNTIME_CLASSES).create({
+            "metadata": {"name": "kata-qemu-rs-m-gpu"}, "handler": "kata-qemu-rs-m-gpu"}),
+        # Labelled like ours, for another policy: not this policy's to delete.
+        ("cm", "other-dropins"): emu.objects(CONFIG_MAPS).create({
+            "metadata": {"name": "other-dropins", "namespace": OUTPUT_NAMESPACE,
+                         "labels": {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: "other"}}, "data": {}}),
+    }
+
+
+def test_deleting_the_policy_leaves_its_objects_to_the_garbage_collector_and_nothing_else_goes(cluster, caplog):
+    """No finalizer: the policy goes at once, and its objects follow through their ownerReferences
+    (the emulator's garbage collector, as the real one: tests/test_real_operator.py). The operator
+    writes nothing for it, re-creates nothing of it, and forgets it."""
+    caplog.set_level(logging.INFO, logger="kata_sizing.worker")
     emu = cluster.emu
-    unrelated_cm = emu.objects(CONFIG_MAPS).create({
-        "metadata": {"name": f"{NAME}-notes", "namespace": OUTPUT_NAMESPACE,
-                     "labels": {MANAGED_BY_LABEL: "someone-else"}}, "data": {"a": "b"}})
-    unrelated_rc = emu.objects(RUNTIME_CLASSES).create({
-        "metadata": {"name": "kata-qemu-rs-m-gpu"}, "handler": "kata-qemu-rs-m-gpu"})
-    # Labelled like ours, for another policy: not this policy's to delete.
-    other_policy_cm = emu.objects(CONFIG_MAPS).create({
-        "metadata": {"name": "other-dropins", "namespace": OUTPUT_NAMESPACE,
-                     "labels": {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: "other"}}, "data": {}})
+    others = _deletion_setup(emu)
     cluster.start()
     applied(cluster, example())
     assert RC_NAMES <= set(runtime_classes(emu))
+    assert "finalizers" not in policy(emu, NAME)["metadata"]
 
     emu.reset_request_log()
     emu.objects(POLICIES).delete(NAME)
-
-    wait_for(lambda: policy(emu, NAME) is None, DRIFT_TIMEOUT_S, lambda: repr(policy(emu, NAME)))
+    assert policy(emu, NAME) is None  # at once: nothing holds it
+    wait_for(lambda: any(r.getMessage().startswith(f"policy {NAME} deleted") for r in caplog.records),
+             DRIFT_TIMEOUT_S, "the operator forgot the policy")
+    settle(emu)
     assert set(runtime_classes(emu)) == {"kata-qemu-rs-m-gpu"}
     assert set(config_maps(emu)) == {f"{NAME}-notes", "other-dropins"}
-    assert get_rc(emu, "kata-qemu-rs-m-gpu") == unrelated_rc
-    assert get_cm(emu, f"{NAME}-notes") == unrelated_cm
-    assert get_cm(emu, "other-dropins") == other_policy_cm
+    assert get_rc(emu, "kata-qemu-rs-m-gpu") == others["rc", "kata-qemu-rs-m-gpu"]
+    assert get_cm(emu, f"{NAME}-notes") == others["cm", f"{NAME}-notes"]
+    assert get_cm(emu, "other-dropins") == others["cm", "other-dropins"]
+    assert [w for w in describe_writes(emu.write_requests()) if not EVENT_PATH.search(w.split()[1])] == [], \
+        "the operator wrote for a deleted policy"
+
+
+def test_without_a_garbage_collector_the_operator_deletes_nothing_of_a_deleted_policy(cluster_without_gc):
+    """The contract, where no garbage collector runs: the operator leaves the objects of a deleted
+    policy alone (it never deletes by label what the collector removes by owner)."""
+    cluster = cluster_without_gc
+    emu = cluster.emu
+    cluster.start()
+    applied(cluster, example())
+    before = snapshot(emu)
+    emu.reset_request_log()
+    emu.objects(POLICIES).delete(NAME)
     settle(emu)
-    assert sorted((r.method, n) for r, n in zip(writes(emu, RC_PATH), named(writes(emu, RC_PATH)))) == sorted(
-        ("DELETE", n) for n in RC_NAMES), "the cleanup re-created or touched something else"
-    assert sorted((r.method, n) for r, n in zip(writes(emu, CM_PATH), named(writes(emu, CM_PATH)))) == sorted(
-        ("DELETE", n) for n in CM_NAMES)
-    assert set(runtime_classes(emu)) == {"kata-qemu-rs-m-gpu"}
+    assert snapshot(emu) == before
+    assert [w for w in describe_writes(emu.write_requests()) if not EVENT_PATH.search(w.split()[1])] == []
+
+
+def test_an_older_operators_finalizer_is_taken_off_by_the_first_pass(cluster):
+    """Upgrade: a policy still carrying the finalizer and kopf's annotations of the operator
+    before this one gets them removed by its first pass; one deleted while no operator ran
+    (stuck on that finalizer) is released and goes."""
+    emu = cluster.emu
+    old = {"finalizers": ["katasizing.dev/cleanup", "example.com/theirs"],
+           "annotations": {"katasizing.dev/last-handled-configuration": '{"spec": {}}', "team": "x"}}
+    kept = example()
+    kept["metadata"].update(copy.deepcopy(old))
+    cluster.create(kept)
+    stuck = example()
+    stuck["metadata"].update(name="stuck", finalizers=["katasizing.dev/cleanup"])
+    stuck["spec"]["runtimeClass"] = {**stuck["spec"]["runtimeClass"], "namePrefix": "kata-stuck"}
+    cluster.create(stuck)
+    emu.objects(POLICIES).delete("stuck")
+    assert policy(emu, "stuck")["metadata"].get("deletionTimestamp")  # held by the old finalizer
+
+    cluster.start()
+    wait_observed(emu, NAME, Ready="True")
+    meta = policy(emu, NAME)["metadata"]
+    assert meta["finalizers"] == ["example.com/theirs"]  # somebody else's stays
+    assert meta["annotations"] == {"team": "x"}
+    wait_for(lambda: policy(emu, "stuck") is None, DRIFT_TIMEOUT_S, lambda: repr(policy(emu, "stuck")))
+    assert not [n for n in runtime_classes(emu) if n.startswith("kata-stuck")], "a deleted policy was passed"
 
 
 # --- 11. restarts ----------------------------------------------------------------------------
 
 
 def test_a_restarted_operator_resumes_without_writing_and_still_corrects_drift(cluster, caplog):
-    caplog.set_level(logging.INFO, logger="kopf")
+    caplog.set_level(logging.DEBUG, logger="kata_sizing.reconcile")
     emu = cluster.emu
     cluster.start()
     applied(cluster, example())
@@ -543,9 +593,10 @@ def test_a_restarted_operator_resumes_without_writing_and_still_corrects_drift(c
     cluster.stop()
     emu.reset_request_log()
 
+    caplog.clear()
     cluster.start()
-    # The resume pass reads the children from the caches; wait for it, then for quiet.
-    wait_for(lambda: handler_runs(caplog, "Handler 'resume'"), DRIFT_TIMEOUT_S)
+    # The first pass reads the children from the caches; wait for it, then for quiet.
+    wait_for(lambda: passes(caplog, NAME, "resync"), DRIFT_TIMEOUT_S)
     settle(emu, quiet_s=0.6)
     # Nothing at all: no child, no status, no event, and no kopf bookkeeping on the policy.
     assert emu.write_requests() == [], describe_writes(emu.write_requests())
@@ -584,16 +635,16 @@ def test_a_change_made_while_the_operator_was_down_is_applied_on_start(cluster):
 
 
 def test_the_periodic_resync_of_an_unchanged_policy_writes_nothing(cluster, caplog):
-    caplog.set_level(logging.INFO, logger="kopf")
+    caplog.set_level(logging.DEBUG, logger="kata_sizing.reconcile")
     emu = cluster.emu
     cluster.start(resync_s=0.3)
     applied(cluster, example())
     settle(emu, quiet_s=0.7)
     emu.reset_request_log()
 
-    resyncs = handler_runs(caplog, "Timer 'resync'")
-    wait_for(lambda: handler_runs(caplog, "Timer 'resync'") >= resyncs + 4, DRIFT_TIMEOUT_S,
-             "the resync timer did not tick four times")
+    resyncs = passes(caplog, NAME, "resync")
+    wait_for(lambda: passes(caplog, NAME, "resync") >= resyncs + 4, DRIFT_TIMEOUT_S,
+             "the resync did not come four times")
     assert emu.write_requests() == [], describe_writes(emu.write_requests())
     # Read from the watch-fed caches: a resync costs no request at all.
     assert emu.requests(include_watches=False) == [], describe_writes(emu.requests(include_watches=False))
@@ -662,3 +713,45 @@ def test_kata_deploy_mode_guards_the_charts_runtime_classes_but_never_creates_or
     assert set(runtime_classes(emu)) == RC_NAMES
     assert config_maps(emu) == {}
     assert not [r for r in emu.write_requests(RC_PATH) if r.method in ("POST", "DELETE")]
+
+
+# --- 14. logs an administrator can read ------------------------------------------------------
+
+
+def test_at_info_the_operator_says_what_it_changed_and_nothing_per_policy_per_tick(cluster, caplog, monkeypatch):
+    """Three policies, the guidance check every 0.2 s and the resync every 0.3 s: while nothing
+    changes, no line at INFO (kopf used to log "Timer 'guidance' succeeded" for every policy at
+    every tick); a hand edit is one INFO line naming what was written and why."""
+    from kata_sizing.controller import worker
+
+    monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", 0.2)
+    caplog.set_level(logging.INFO, logger="kopf")
+    caplog.set_level(logging.DEBUG, logger="kata_sizing")  # last: it sets the capture's level too
+    emu = cluster.emu
+    cluster.start(resync_s=0.3)
+    for name, prefix in (("a", "kata-a"), ("b", "kata-b"), (NAME, "kata-qemu-rs")):
+        body = example()
+        body["metadata"]["name"] = name
+        body["spec"]["runtimeClass"] = {**body["spec"]["runtimeClass"], "namePrefix": prefix}
+        body["spec"]["output"] = {"namespace": OUTPUT_NAMESPACE}
+        applied(cluster, body)
+    # The node guidance's inputs move as well: a node comes, the check passes each policy once.
+    emu.objects("nodes").create({"metadata": {"name": "n1", "labels": {"katacontainers.io/kata-runtime": "true"}},
+                                 "status": {"capacity": {"memory": "64Gi", "cpu": "16"},
+                                            "allocatable": {"memory": "60Gi", "cpu": "15"}}})
+    wait_for(lambda: "n1" in str(get_cm(emu, f"{NAME}-node-guidance")["data"]), DRIFT_TIMEOUT_S)
+    settle(emu)
+    caplog.clear()
+    stays(lambda: True, 1.2)  # six guidance ticks and four resyncs of three policies in sync
+    said = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == [], said
+    skipped = [r for r in caplog.records if r.name == "kata_sizing.reconcile" and r.trigger == "resync"]
+    assert len({r.policy for r in skipped}) == 3 and all(r.levelno == logging.DEBUG for r in skipped)
+
+    edit(emu, RUNTIME_CLASSES, "kata-qemu-rs-m", _rc_memory)
+    wait_for(lambda: counter(emu, NAME, "driftCorrections") == 1, DRIFT_TIMEOUT_S)
+    settle(emu)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"reconciled {NAME}: trigger=drift result=ok writes=1 duration=")
+    assert said[0].endswith("(updated RuntimeClass kata-qemu-rs-m; status written)")

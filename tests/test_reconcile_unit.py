@@ -5,6 +5,7 @@ not allow; a fake child cache over the same objects, as the operator's watch-fed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import itertools
@@ -16,6 +17,7 @@ import pytest
 
 from kata_sizing.controller import compare
 from kata_sizing.controller import conditions as cond
+from kata_sizing.controller import metrics
 from kata_sizing.controller import reconcile as rc
 from kata_sizing.controller import status as st
 from kata_sizing.controller.execute import WRITES_PER_PASS
@@ -23,16 +25,17 @@ from kata_sizing.controller.informer import HeldNames
 from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
 from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, PermanentApiError, TransientApiError
 from kata_sizing.controller.plan import build_desired
-from kata_sizing.controller.state import DesiredCache, OperatorState
+from kata_sizing.controller.retry import RetryLater
+from kata_sizing.controller.state import DesiredCache, OperatorState, PolicyRecord
 from kata_sizing.core import podfit
-from kata_sizing.core.model import KIND, parse_policy
+from kata_sizing.core.model import KIND, KataSizingPolicyStatus, PodAuditStatus, parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import example
 
 NAME = "qemu-rs"
 UID = "0e3c9a4e-0000-4000-8000-000000000001"
-READS = frozenset({"read", "list"})
+READS = frozenset({"read"})
 WRITES = frozenset({"create", "replace", "delete", "patch_status"})
 NAMESPACE = "kata-sizing"
 
@@ -118,10 +121,6 @@ class FakeApi:
         self._call("delete", key)
         self.objects.pop(tuple(key), None)
 
-    async def list(self, kind_name, label_selector=None):
-        self._call("list", kind_name, label_selector)
-        return [copy.deepcopy(o) for k, o in self.objects.items() if k[0] == kind_name]
-
     async def patch_status(self, key, patch):
         self._call("patch_status", key, copy.deepcopy(patch))
         obj = self.objects.get(tuple(key))
@@ -189,7 +188,7 @@ def make_state(api: FakeApi) -> OperatorState:
     audit finds nothing), every admission kind served."""
     idle = lambda: SimpleNamespace(synced=_set_event(), version=0, items={}, collection="idle")  # noqa: E731
     return OperatorState(api=api, admission_versions={k: "v1" for k in ADMISSION_KINDS},
-                         children=FakeChildren(api), nodes=idle(), pods=idle())
+                         children=FakeChildren(api), nodes=idle(), pods=idle(), events=Sink())
 
 
 class Sink:
@@ -226,9 +225,38 @@ def in_sync_cluster(body: dict, allow=READS, **kwargs) -> FakeApi:
     return FakeApi(*desired_objects(body), policy=body, allow=allow, **kwargs)
 
 
+def seen(state: OperatorState, body: dict) -> PolicyRecord:
+    """The policy's record as the policy watch leaves it: the latest body."""
+    name = body["metadata"]["name"]
+    record = state.records.get(name)
+    if record is None:
+        record = state.records[name] = PolicyRecord(name, body)
+    record.body = body
+    return record
+
+
 async def pass_of(state: OperatorState, trigger: str, sink: Sink | None = None, landed: list | None = None):
-    body = state.api.policy
-    return await rc.run_pass(state, body, trigger, sink or Sink(), landed=landed)
+    """A pass of the fake's policy, as the queue runs it once the watch delivered its latest body;
+    `sink` gets its events, `landed` the writes that landed (also when the pass fails)."""
+    seen(state, state.api.policy)
+    state.events = sink or Sink()
+    if landed is None:
+        return await rc.run_pass(state, NAME, trigger)
+    original = metrics.reconcile_pass
+
+    @contextlib.contextmanager
+    def recorded(policy: str, why: str):
+        with original(policy, why) as current:
+            try:
+                yield current
+            finally:
+                landed.extend(current.writes)
+
+    metrics.reconcile_pass = recorded
+    try:
+        return await rc.run_pass(state, NAME, trigger)
+    finally:
+        metrics.reconcile_pass = original
 
 
 def test_the_fake_speaks_exactly_the_api_wrappers_interface():
@@ -336,27 +364,27 @@ def test_corrected_puts_back_our_fields_and_keeps_everyone_elses():
 
 
 def test_merge_conditions_keeps_the_transition_time_unless_the_status_flips():
-    before = [
+    before = KataSizingPolicyStatus.model_validate({"conditions": [
         {"type": "Ready", "status": "True", "reason": "InSync", "message": "", "lastTransitionTime": "T0"},
         {"type": "Valid", "status": "True", "reason": "PolicyValid", "message": "", "lastTransitionTime": "T0"},
-    ]
+    ]}).conditions
     now = [
         cond.condition("Ready", False, "Conflict", "x", 2),
         cond.condition("Valid", True, "PolicyValid", "a new message", 2),
         cond.condition("Conflict", True, "UnmanagedRuntimeClass", "x", 2),
     ]
-    merged = {c["type"]: c for c in cond.merge_conditions(before, now, "T1")}
-    assert merged["Ready"]["lastTransitionTime"] == "T1"
-    assert merged["Valid"]["lastTransitionTime"] == "T0"
-    assert merged["Valid"]["message"] == "a new message" and merged["Valid"]["observedGeneration"] == 2
-    assert merged["Conflict"]["lastTransitionTime"] == "T1"
-    assert cond.merge_conditions(None, now, "T2")[0]["lastTransitionTime"] == "T2"
+    merged = {c.type: c for c in cond.merge_conditions(before, now, "T1")}
+    assert merged["Ready"].last_transition_time == "T1"
+    assert merged["Valid"].last_transition_time == "T0"
+    assert merged["Valid"].message == "a new message" and merged["Valid"].observed_generation == 2
+    assert merged["Conflict"].last_transition_time == "T1"
+    assert cond.merge_conditions([], now, "T2")[0].last_transition_time == "T2"
 
 
 def _status(result: st.Findings, body: dict | None = None) -> dict[str, dict]:
     body = body or policy_body()
     sizing = None if result.invalid else size_policy(parse_policy(body))
-    status = st.compute_status(body, result, sizing)
+    status = st.status_fields(st.compute_status(st.read_status(body), 1, result, sizing))
     assert status["observedGeneration"] == 1
     return {c["type"]: c for c in status["conditions"]}
 
@@ -388,9 +416,28 @@ def test_compute_status(result, expected):
 
 def test_an_invalid_pass_keeps_the_last_valid_classes_in_status():
     body = policy_body()
-    body["status"] = {"classes": [{"name": "kept"}]}
-    status = st.compute_status(body, st.Findings(invalid=["x"]), None)
-    assert status["classes"] == [{"name": "kept"}]
+    valid = st.compute_status(KataSizingPolicyStatus(), 1, st.Findings(), size_policy(parse_policy(body)))
+    status = st.compute_status(valid, 2, st.Findings(invalid=["x"]), None)
+    assert status.classes == valid.classes and [c.name for c in status.classes] == ["s", "m", "l", "xl"]
+    assert st.status_fields(status)["classes"] == st.status_fields(valid)["classes"]
+
+
+def test_the_status_is_written_as_the_crd_holds_it():
+    """Dumped once, by the API's names, without the nulls of unset fields; a field the status does
+    not have is null (a merge patch removes it); a status read back is the same status."""
+    body = policy_body()
+    status = st.compute_status(KataSizingPolicyStatus(), 1, st.Findings(), size_policy(parse_policy(body)))
+    fields = st.status_fields(status)
+    assert fields["observedGeneration"] == 1 and fields["classNames"] == "s,m,l,xl"
+    assert fields["measurement"] is None and fields["proposal"] is None and fields["podAudit"] is None
+    assert "driftCorrections" not in fields  # the counters are written by increments
+    assert fields["classes"][1] == {
+        "name": "m", "runtimeClass": "kata-qemu-rs-m", "podFixed": {"cpu": "250m", "memory": "908Mi"},
+        "overheadVcpus": "0.2", "overheadMemory": "858Mi", "defaultVcpus": 1, "defaultMemory": "256Mi",
+        "largestVm": {"vcpus": 3, "memoryMiB": 4954}}
+    assert "null" not in str(fields["classes"]) and None not in fields["conditions"][0].values()
+    read_back = st.read_status({"status": {k: v for k, v in fields.items() if v is not None}})
+    assert not st.status_changed(status, read_back)
 
 
 # --- passes ----------------------------------------------------------------------------------
@@ -609,9 +656,10 @@ def test_passes_of_two_policies_at_once_create_each_shared_admission_policy_once
     state = make_state(api)
 
     async def both():
-        await asyncio.gather(rc.run_pass(state, api.policy, "apply", Sink()),
-                             rc.run_pass(state, copy.deepcopy(api.objects[policy_key("other")]), "apply",
-                                         lambda ref, type_, reason, message: None))
+        seen(state, api.policy)
+        seen(state, copy.deepcopy(api.objects[policy_key("other")]))
+        state.events = lambda ref, type_, reason, message: None
+        await asyncio.gather(rc.run_pass(state, NAME, "apply"), rc.run_pass(state, "other", "apply"))
 
     run(both())
     shared = [c[1] for c in api.written("create") if c[1][2] in podfit.SHARED_NAMES.values() and c[1][1] is None]
@@ -772,7 +820,7 @@ def test_a_missing_output_namespace_is_in_status_with_the_servers_message_and_is
     api = FakeApi(policy=body, allow=ALL_WRITES, namespaces=())
     sink = Sink()
     landed: list[str] = []
-    with pytest.raises(rc.RetryLater, match='namespaces "not-yet" not found'):
+    with pytest.raises(RetryLater, match='namespaces "not-yet" not found'):
         run(pass_of(make_state(api), "apply", sink, landed))
     configmap_creates = api.written("create", "ConfigMap")
     assert len(configmap_creates) == 3, "each ConfigMap is tried once a pass, not five times"
@@ -838,7 +886,7 @@ def test_at_most_writes_per_pass_are_in_flight_at_once():
 def test_a_counter_update_that_lost_a_race_is_retried_and_the_count_is_exact():
     api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
     api.objects[policy_key(NAME)]["status"]["driftCorrections"] = 2  # counted by an earlier pass
-    state.policies[NAME]["status"]["driftCorrections"] = 2
+    state.records[NAME].body["status"]["driftCorrections"] = 2
     _edit(api, ("RuntimeClass", None, "kata-qemu-rs-m"), _pod_fixed_1mi)
     # Between the read and the patch somebody else added one (another replica's last pass).
     original = api.patch_status
@@ -859,9 +907,9 @@ def test_a_counter_update_that_lost_a_race_is_retried_and_the_count_is_exact():
 def test_a_pass_that_corrects_drift_and_changes_status_writes_the_status_once():
     api, state = _settled(policy_body(), allow=READS | {"replace", "patch_status"})
     classes = copy.deepcopy(api.policy["status"]["classes"])
-    for body in (api.objects[policy_key(NAME)], state.policies[NAME]):
+    for body in (api.objects[policy_key(NAME)], state.records[NAME].body):
         del body["status"]["classes"]  # a status the pass must write again
-    state.written_status.pop(NAME, None)
+    state.records[NAME].status = None
     _edit(api, ("RuntimeClass", None, "kata-qemu-rs-m"), _pod_fixed_1mi)
     run(pass_of(state, "drift"))
     assert [c[0] for c in api.writes] == ["replace", "patch_status"]  # the object, then status and counter together
@@ -890,7 +938,7 @@ def _finding(pod: str, rule: str = "pod-envelope-exceeded", class_name: str = "s
 def test_pod_audit_status_counts_every_pod_and_lists_a_bounded_sorted_few():
     findings = [_finding(f"ns/pod-{i:03d}") for i in range(st.POD_AUDIT_LISTED + 10)]
     findings += [_finding("ns/pod-000", "pod-memory-limit-missing"), _finding("a/x", class_name="m")]
-    audit = st.pod_audit_status(findings)
+    audit = st.pod_audit_status(findings).model_dump(by_alias=True)
     assert audit["pods"] == st.POD_AUDIT_LISTED + 11
     assert audit["counts"] == [
         {"class": "m", "rule": "pod-envelope-exceeded", "pods": 1},
@@ -904,17 +952,18 @@ def test_pod_audit_status_counts_every_pod_and_lists_a_bounded_sorted_few():
 def test_the_pod_audit_event_is_posted_when_the_list_changes_and_not_again_after_a_restart():
     said = st.Announcements({})
     one = st.pod_audit_status([_finding("ns/a")])
-    assert st.pod_audit_event(said, {}, one)
-    assert st.pod_audit_event(said, {}, one) is None  # the status write has not come back yet
+    assert st.pod_audit_event(said, None, one)
+    assert st.pod_audit_event(said, None, one) is None  # the status write has not come back yet
     assert "1 Kata pod(s) outside their class (1 pod-envelope-exceeded on class s)" in st.pod_audit_event(
-        st.Announcements({}), {}, one)[2]
+        st.Announcements({}), None, one)[2]
     two = st.pod_audit_status([_finding("ns/a"), _finding("ns/b")])
-    assert st.pod_audit_event(said, {"status": {"podAudit": one}}, two)
-    assert st.pod_audit_event(said, {"status": {"podAudit": two}}, st.pod_audit_status([])) is None
+    assert st.pod_audit_event(said, one, two)
+    assert st.pod_audit_event(said, two, st.pod_audit_status([])) is None
     # The same pods again after the list emptied: news again.
-    assert st.pod_audit_event(said, {"status": {"podAudit": st.pod_audit_status([])}}, two)
+    assert st.pod_audit_event(said, st.pod_audit_status([]), two)
     restarted = st.Announcements({})
-    assert st.pod_audit_event(restarted, {"status": {"podAudit": two}}, two) is None
+    assert st.pod_audit_event(restarted, two, two) is None
+    assert isinstance(one, PodAuditStatus)
 
 
 def test_a_policy_is_sized_once_per_generation_however_many_policies_there_are():
@@ -929,6 +978,7 @@ def test_a_policy_is_sized_once_per_generation_however_many_policies_there_are()
         body = policy_body()
         body["metadata"].update(name=f"p{i}", uid=f"uid-{i}", generation=1)
         bodies.append(body)
+        seen(state, body)
     first = [gather.policy_sizing(state, b) for b in bodies]
     for b in bodies:  # shared entries (intents) come and go in between
         gather.intent(state, b, None)
@@ -947,5 +997,49 @@ def test_a_policy_is_sized_once_per_generation_however_many_policies_there_are()
     invalid["spec"]["classes"] = [{"name": "s", "cpu": "1", "memory": "-1Gi"}]
     assert gather.policy_sizing(state, invalid) is None
 
+    assert state.records["p3"].sizing is not None
     state.forget_policy("p2")
-    assert "p2" not in state.sizings
+    assert "p2" not in state.records
+
+
+def test_the_audit_of_unmanaged_runtime_classes_runs_again_only_when_one_of_them_changes(monkeypatch):
+    """At a cold start every pass writes RuntimeClasses of its own; the audit looks only at those no
+    policy renders, so those writes must not make each pass audit every class again (O(policies²)
+    at 200 policies, docs/performance.md)."""
+    from kata_sizing.controller import gather
+
+    audited = []
+    original = gather.audit_runtime_classes
+
+    def counting(runtime_classes, managed_names):
+        audited.append(sorted(rc["metadata"]["name"] for rc in runtime_classes))
+        return original(runtime_classes, managed_names)
+
+    monkeypatch.setattr(gather, "audit_runtime_classes", counting)
+    theirs = {"kind": "RuntimeClass", "apiVersion": "node.k8s.io/v1", "handler": "kata-qemu",
+              "metadata": {"name": "kata-qemu"}}
+    api = FakeApi(theirs, allow=READS | {"create", "patch_status"})
+    state = make_state(api)
+    state.events = lambda ref, type_, reason, message: None
+    rcs = state.children.runtime_classes
+    rcs.items = {}
+
+    def follow() -> None:  # the RuntimeClass cache as the informer keeps it: a version per change
+        rcs.items = {k: o for k, o in api.objects.items() if k[0] == "RuntimeClass"}
+        rcs.version += 1
+
+    state.children.all_runtime_classes = lambda: list(rcs.items.values())
+    for i in range(3):
+        body = policy_body()
+        body["metadata"].update(name=f"p{i}", uid=f"uid-{i}")
+        body["spec"]["runtimeClass"] = {**body["spec"]["runtimeClass"], "namePrefix": f"kata-p{i}"}
+        api._store(api._stamped({**body, "kind": KIND}))
+        follow()
+        record = seen(state, copy.deepcopy(api.objects[policy_key(f"p{i}")]))
+        run(rc.run_pass(state, record.name, "apply"))
+        follow()
+    assert audited == [["kata-qemu"]], audited  # the policies' own classes never made it run again
+    api.objects[("RuntimeClass", None, "kata-qemu")]["metadata"]["resourceVersion"] = "999"
+    follow()
+    run(rc.run_pass(state, "p0", "resync"))
+    assert audited == [["kata-qemu"], ["kata-qemu"]]  # the unmanaged one changed: audited again

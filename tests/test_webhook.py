@@ -108,7 +108,7 @@ def test_server_fields_of_a_live_object_are_not_problems() -> None:
 @pytest.mark.parametrize("operation, old, new, expected", [
     ("CREATE", None, {"spec": {"shim": "a"}}, True),
     ("UPDATE", {"spec": {"shim": "a"}}, {"spec": {"shim": "b"}}, True),
-    # kopf's finalizer and annotation patches, and the finalizer's removal on deletion.
+    # Metadata only (labels, an older operator's finalizer and its removal on deletion).
     ("UPDATE", {"metadata": {}, "spec": {"shim": "a"}},
      {"metadata": {"finalizers": ["katasizing.dev/cleanup"]}, "spec": {"shim": "a"}}, False),
 ])

@@ -11,7 +11,7 @@ import pytest
 from kata_sizing.controller import compare
 from kata_sizing.controller.kube import Conflict, TransientApiError
 from kata_sizing.controller.leader import LeaderElector, LeaseOptions
-from kata_sizing.controller.workqueue import Retry, WorkQueue
+from kata_sizing.controller.workqueue import WorkQueue
 
 
 def run(coro):
@@ -19,6 +19,18 @@ def run(coro):
 
 
 # --- work queue -------------------------------------------------------------------------------
+
+
+def queue_of(process, **options) -> WorkQueue:
+    """A queue of keys with a string reason: the strongest (first in STRENGTH) wins."""
+    strength = ["apply", "drift", "resync", "retry"]
+    defaults = {"retry_delay": lambda error, failures: 0.01, "retry_reason": "retry",
+                "merge": lambda a, b: min(a, b, key=strength.index), "expected": (Retry,)}
+    return WorkQueue(process, **{**defaults, **options})
+
+
+class Retry(Exception):
+    """A failure the processor expects (as the operator expects its API errors)."""
 
 
 async def drive(queue: WorkQueue, seconds: float) -> None:
@@ -29,35 +41,40 @@ async def drive(queue: WorkQueue, seconds: float) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def test_a_burst_of_adds_for_one_key_is_processed_once():
+def test_a_burst_of_adds_for_one_key_is_processed_once_for_the_strongest_reason():
     async def scenario():
         seen = []
 
-        async def process(key):
-            seen.append(key)
+        async def process(key, reason):
+            seen.append((key, reason))
 
-        queue = WorkQueue(process, workers=2)
-        for _ in range(50):
-            queue.add("a")
-        queue.add("b")
+        queue = queue_of(process, workers=2)
+        for reason in ["resync", "drift"] * 25:
+            queue.add("a", reason)
+        queue.add("a", "retry")
+        queue.add("b", "resync")
         await drive(queue, 0.05)
         return seen
 
-    assert sorted(run(scenario())) == ["a", "b"]
+    assert sorted(run(scenario())) == [("a", "drift"), ("b", "resync")]
 
 
-def test_a_failing_key_is_retried_with_growing_capped_delays_until_it_succeeds():
+def test_a_failing_key_is_retried_with_the_delays_the_policy_gives_until_it_succeeds():
     async def scenario():
-        attempts = []
+        attempts, asked = [], []
         loop = asyncio.get_running_loop()
 
-        async def process(key):
-            attempts.append(loop.time())
+        async def process(key, reason):
+            attempts.append((loop.time(), reason))
             if len(attempts) < 7:  # more failures than the old handler's four tries
                 raise Retry("HTTP 500")
 
-        queue = WorkQueue(process, workers=1, retry_base_s=0.01, retry_cap_s=0.04)
-        queue.add("k")
+        def retry_delay(error, failures):
+            asked.append((type(error).__name__, failures))
+            return min(0.04, 0.01 * 2 ** failures)
+
+        queue = queue_of(process, workers=1, retry_delay=retry_delay)
+        queue.add("k", "apply")
         task = asyncio.create_task(queue.run())
         for _ in range(200):
             if len(attempts) == 7 and not len(queue):
@@ -65,37 +82,83 @@ def test_a_failing_key_is_retried_with_growing_capped_delays_until_it_succeeds()
             await asyncio.sleep(0.01)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        return attempts, queue.failures
+        return attempts, asked, queue.failures
 
-    attempts, failures = run(scenario())
+    attempts, asked, failures = run(scenario())
     assert len(attempts) == 7 and failures == {}
-    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
-    assert all(gap >= 0.004 for gap in gaps)  # at least half the first delay: backed off
+    assert asked == [("Retry", n) for n in range(6)]  # the failures in a row before each
+    assert [reason for _, reason in attempts] == ["apply"] + ["retry"] * 6
+    gaps = [b - a for (a, _), (b, _) in zip(attempts, attempts[1:])]
+    assert all(gap >= 0.009 for gap in gaps)  # the delay the policy gave
     assert max(gaps) < 0.04 + 0.03  # capped (plus scheduling slack)
 
 
-def test_a_key_added_while_it_is_processed_runs_again_afterwards():
+def test_a_key_added_while_it_is_processed_runs_again_afterwards_for_what_was_asked():
     async def scenario():
         runs = []
         release = asyncio.Event()
 
-        async def process(key):
-            runs.append(key)
+        async def process(key, reason):
+            runs.append((key, reason))
             if len(runs) == 1:
                 await release.wait()
 
-        queue = WorkQueue(process, workers=2)
-        queue.add("k")
+        queue = queue_of(process, workers=2)
+        queue.add("k", "apply")
 
         def changed_again() -> None:  # the object changed again while being corrected
-            queue.add("k")
+            queue.add("k", "drift")
             release.set()
 
         asyncio.get_running_loop().call_later(0.01, changed_again)
         await drive(queue, 0.06)
         return runs
 
-    assert run(scenario()) == ["k", "k"]
+    assert run(scenario()) == [("k", "apply"), ("k", "drift")]
+
+
+def test_add_after_keeps_the_earliest_timer_and_an_add_runs_at_once():
+    async def scenario():
+        seen = []
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def process(key, reason):
+            seen.append((key, reason, round(loop.time() - start, 2)))
+
+        queue = queue_of(process)
+        queue.add_after("a", 0.05, "resync")
+        queue.add_after("a", 10, "resync")  # later: the sooner one stays
+        queue.add_after("b", 10, "resync")
+        queue.add_after("b", 0.02, "retry")  # sooner: replaces it
+        queue.add_after("c", 10, "resync")
+        queue.add("c", "drift")  # now: the timer goes
+        await drive(queue, 0.1)
+        return seen, len(queue)
+
+    seen, left = run(scenario())
+    assert [(k, r) for k, r, _ in seen] == [("c", "drift"), ("b", "retry"), ("a", "resync")]
+    assert seen[1][2] < 0.05 and left == 0
+
+
+def test_an_unexpected_failure_is_logged_with_its_traceback_and_retried(caplog):
+    async def scenario():
+        runs = []
+
+        async def process(key, reason):
+            runs.append(reason)
+            if len(runs) == 1:
+                raise KeyError("a bug")
+
+        queue = queue_of(process)
+        queue.add("k", "apply")
+        await drive(queue, 0.05)
+        return runs
+
+    with caplog.at_level("WARNING", logger="kata_sizing.workqueue"):
+        assert run(scenario()) == ["apply", "retry"]
+    [record] = caplog.records
+    assert record.exc_info and "failed unexpectedly" in record.getMessage()
 
 
 def test_the_queue_waits_for_its_gate():
@@ -103,17 +166,27 @@ def test_the_queue_waits_for_its_gate():
         seen = []
         gate = asyncio.Event()
 
-        async def process(key):
+        async def process(key, reason):
             seen.append(key)
 
-        queue = WorkQueue(process, gate=gate.wait)
-        queue.add("k")
+        queue = queue_of(process, gate=gate.wait)
+        queue.add("k", "resync")
         asyncio.get_running_loop().call_later(0.03, lambda: before.extend(seen) or gate.set())
         before: list = []
         await drive(queue, 0.06)
         return before, seen
 
     assert run(scenario()) == ([], ["k"])
+
+
+def test_one_failure_policy_for_every_pass():
+    from kata_sizing.controller.api_errors import Invalid, NotFound, PermanentApiError
+    from kata_sizing.controller.retry import REFUSED_RETRY_S, RETRY_CAP_S, RetryLater, retry_delay_s
+
+    for error in (TransientApiError(503, "x"), Conflict(409, "x"), RetryLater("x"), KeyError("a bug")):
+        assert 0 < retry_delay_s(error, 0) <= 0.2 and retry_delay_s(error, 40) <= RETRY_CAP_S, error
+    for error in (PermanentApiError(403, "x"), Invalid(422, "x"), NotFound(404, "x")):
+        assert retry_delay_s(error, 0) == retry_delay_s(error, 9) == REFUSED_RETRY_S, error
 
 
 # --- what KataDeploy mode compares -------------------------------------------------------------

@@ -54,14 +54,14 @@ class PodRequest:
     kata: KataPod | None = None
 
 
-def _memory(value: object) -> int:
+def _memory(value: str | int | None) -> int:
     try:
         return memory_bytes(value) if value is not None else 0
     except QuantityError:
         return 0
 
 
-def _cpu(value: object) -> Decimal | None:
+def _cpu(value: str | int | float | None) -> Decimal | None:
     try:
         return cpu_cores(value) if value is not None else None
     except QuantityError:

@@ -9,13 +9,14 @@ policy decides is, and on an admission object a field the server filled in at it
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from .kinds import is_admission_kind
 from ..core.quantity import QuantityError, parse_quantity
 from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, SHARED_ADMISSION, SHARED_LABEL
 
 
-def _same_quantity(a: object, b: object) -> bool:
+def _same_quantity(a: Any, b: Any) -> bool:
     try:
         return parse_quantity(a) == parse_quantity(b)  # the API server may print 1Gi for 1024Mi
     except QuantityError:

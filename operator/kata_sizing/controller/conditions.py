@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from ..core.model import Condition
+
 # Condition types.
 READY = "Ready"
 VALID = "Valid"
@@ -13,7 +15,6 @@ CONFLICT = "Conflict"
 # Reasons (CamelCase, as Kubernetes conventions ask).
 REASON_VALID = "PolicyValid"
 REASON_INVALID = "PolicyInvalid"
-REASON_APPLIED = "Applied"
 REASON_IN_SYNC = "InSync"
 REASON_NOT_APPLIED = "NotApplied"
 REASON_DRIFT_REPORTED = "DriftReported"
@@ -33,31 +34,28 @@ EVENT_WARNING = "PolicyWarning"
 EVENT_UNMANAGED = "UnmanagedRuntimeClassAudit"
 EVENT_POD_AUDIT = "PodAudit"
 EVENT_WRITE_FAILED = "WriteFailed"
+EVENT_HEADROOM_LOW = "HeadroomLow"
+EVENT_HEADROOM_RECOVERED = "HeadroomRecovered"
 
 
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict:
-    return {
-        "type": type_,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-    }
+def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> Condition:
+    return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message,
+                     observed_generation=generation)
 
 
-def merge_conditions(previous: list[dict] | None, current: list[dict], now: str) -> list[dict]:
+def merge_conditions(previous: list[Condition], current: list[Condition], now: str) -> list[Condition]:
     """Kubernetes convention: lastTransitionTime changes only when the status flips."""
-    before = {c.get("type"): c for c in previous or []}
+    before = {c.type: c for c in previous}
     merged = []
-    for cond in current:
-        old = before.get(cond["type"])
-        if old and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
-            transition = old["lastTransitionTime"]
+    for found in current:
+        old = before.get(found.type)
+        if old is not None and old.status == found.status and old.last_transition_time:
+            transition = old.last_transition_time
         else:
             transition = now
-        merged.append({**cond, "lastTransitionTime": transition})
+        merged.append(found.model_copy(update={"last_transition_time": transition}))
     return merged

@@ -150,6 +150,7 @@ async def _write(api, action: Action, live: dict | None, label: str, owner: tupl
                  children: ChildCache | None, outcome: Outcome) -> None:
     """Make the object's decided fields `action.want`'s: create it, or put them onto `live`."""
     key, want = action.key, action.want
+    assert want is not None  # a write that is no deletion has what it writes
     if live is None and is_shared(want) and not action.guarded:
         flight = (id(api), key)
         pending = _SHARED_CREATES.get(flight)
@@ -174,13 +175,14 @@ async def _write_once(api, action: Action, live: dict | None, label: str, owner:
                       children: ChildCache | None, outcome: Outcome) -> dict | None:
     """One object written (what the server returned), or its outcome recorded (None)."""
     key, want = action.key, action.want
+    assert want is not None
     body = action.body
     for _ in range(CONFLICT_ATTEMPTS):
         try:
             if live is None:
                 if action.guarded:
                     outcome.results[key] = Result(GONE, f"{describe(key)} is gone")
-                    return
+                    return None
                 written = await api.create(want)
                 text = f"{'re-created' if label == 're-created' else 'created'} {describe(key)}"
             else:
@@ -197,30 +199,30 @@ async def _write_once(api, action: Action, live: dict | None, label: str, owner:
             if foreign:
                 outcome.results[key] = Result(CONFLICTED, f"{describe(key)} exists and is not managed by this "
                                                           "policy; left untouched")
-                return
+                return None
             _remember(children, live)
             if live is not None and not differences(want, live, action.guarded):
                 # Somebody (an earlier pass of ours, often) already wrote what the policy wants.
                 outcome.results[key] = Result(UNCHANGED)
-                return
+                return None
             if live is not None and key[0] == "RuntimeClass" and live.get("handler") != want.get("handler"):
                 raise Conflict(409, f"{describe(key)}: its handler changed during the pass") from None
         except NotFound as exc:
             if live is None:
                 # A create: what it would live in does not exist (spec.output.namespace).
                 outcome.results[key] = Result(FAILED, f"{describe(key)}: {exc}", exc)
-                return
+                return None
             live, body = None, None  # deleted since it was read: create it
         except Invalid as exc:
             if not is_admission_kind(key[0]):
                 raise
             outcome.results[key] = Result(REFUSED, f"{describe(key)}: {exc}", exc)
-            return
+            return None
         except PermanentApiError as exc:
             if exc.status != 403:
                 raise
             # Not allowed here (the chart's rbac.outputNamespaces leaves out the namespace a
             # policy names): the status says so; retrying soon would not change it.
             outcome.results[key] = Result(REFUSED, f"{describe(key)}: {exc}", exc)
-            return
+            return None
     raise Conflict(409, f"{describe(key)}: still conflicting after {CONFLICT_ATTEMPTS} attempts")

@@ -2,7 +2,8 @@
 for a wanted name the caches cannot vouch for, from the API), into one frozen `plan.Gathered`.
 
 Node facts, the audit of unmanaged RuntimeClasses, a policy's pod audit and its intent (parse,
-size, render) are computed once per change of what they read and shared by every pass.
+size, render) are computed once per change of what they read and shared by every pass; a
+policy's sizing once per generation, in its record.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections.abc import Callable, Hashable, Mapping
 from . import cluster
 from .compare import is_ours
 from .kinds import ObjKey
-from .plan import Gathered, Intent, intent_of
-from .state import OperatorState
+from .plan import GUIDANCE, Gathered, Intent, PassInputs, intent_of
+from .state import OperatorState, PolicyRecord
 from ..core import defaults
 from ..core.audit import audit_runtime_classes
-from ..core.model import PolicyError, parse_policy
+from ..core.model import KataSizingPolicyStatus, PolicyError, ProposalStatus, parse_policy
 from ..core.podfit import check_limits
 from ..core.proposal import proposal_status
 from ..core.sizing import PolicySizing, size_policy
@@ -28,10 +29,26 @@ INFORMER_SYNC_TIMEOUT_S = 20
 DERIVED_ENTRIES = 64
 
 
-def inputs(state: OperatorState) -> tuple[int, int, int, int]:
+def versions(state: OperatorState) -> tuple[int, int, int, int]:
     """Versions of everything a pass reads besides the policy: nodes, pods, every RuntimeClass
     (for the audit) and the set of policies (which classes are Kata ones)."""
     return state.nodes.version, state.pods.version, state.children.runtime_classes.version, state.desired.version
+
+
+def measured(state: OperatorState, name: str) -> int | None:
+    """The measurement's version of a policy: it moves about once per interval, and at once when
+    the pods under the headroom threshold change."""
+    return state.measurement.version(name) if state.measurement is not None else None
+
+
+async def pass_inputs(state: OperatorState, body: Mapping) -> PassInputs:
+    """Everything a pass of `body` reads from the caches besides its objects, now."""
+    name = body["metadata"]["name"]
+    now = versions(state)
+    facts, unmanaged, pods = await node_facts(state, body), unmanaged_audit(state), pod_findings(state, body)
+    return PassInputs(versions=now, measured=measured(state, name), facts=facts,
+                      unmanaged=tuple(unmanaged) if unmanaged is not None else None,
+                      pod_findings=tuple(pods) if pods is not None else None)
 
 
 def memoized(state: OperatorState, key: Hashable, compute: Callable[[], object]):
@@ -52,11 +69,12 @@ def _facts_key(state: OperatorState, body: Mapping) -> tuple:
 
 async def node_facts(state: OperatorState, body: Mapping) -> tuple | None:
     """Facts of the policy's nodes from the informers; None until they have synced once."""
-    try:
-        await asyncio.wait_for(
-            asyncio.gather(state.nodes.synced.wait(), state.pods.synced.wait()), INFORMER_SYNC_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        return None
+    if not (state.nodes.synced.is_set() and state.pods.synced.is_set()):
+        try:
+            async with asyncio.timeout(INFORMER_SYNC_TIMEOUT_S):
+                await asyncio.gather(state.nodes.synced.wait(), state.pods.synced.wait())
+        except TimeoutError:
+            return None
     key = _facts_key(state, body)
     selector = dict(key[-1])
     pods_by_node = memoized(state, ("pods-by-node", state.pods.version), lambda: _pods_by_node(state))
@@ -85,19 +103,20 @@ def _pods_by_class(state: OperatorState) -> dict[str, list]:
 
 
 def policy_sizing(state: OperatorState, body: Mapping) -> PolicySizing | None:
-    """The policy's sizing, memoized per generation; None when the policy is invalid."""
+    """The policy's sizing, memoized per generation in its record; None when the policy is invalid."""
     meta = body.get("metadata") or {}
-    name, key = meta.get("name"), (meta.get("uid"), meta.get("generation"))
-    found = state.sizings.get(name)
-    if found is not None and found[0] == key:
-        return found[1]
+    record = state.records.get(meta.get("name") or "")
+    key = (meta.get("uid"), meta.get("generation"))
+    if record is not None and record.sizing is not None and record.sizing[0] == key:
+        return record.sizing[1]
     try:
         sizing = size_policy(parse_policy(dict(body)))
-        sizing = None if sizing.errors else sizing
+        found = None if sizing.errors else sizing
     except PolicyError:
-        sizing = None
-    state.sizings[name] = (key, sizing)
-    return sizing
+        found = None
+    if record is not None:
+        record.sizing = (key, found)
+    return found
 
 
 def pod_findings(state: OperatorState, body: Mapping) -> list[dict] | None:
@@ -134,12 +153,22 @@ def pod_findings(state: OperatorState, body: Mapping) -> list[dict] | None:
 
 
 def unmanaged_audit(state: OperatorState) -> list | None:
+    """The audit of the Kata RuntimeClasses no policy manages, computed again only when one of
+    those changed: at a cold start every pass writes RuntimeClasses of its own, and auditing all
+    of them again on each pass cost O(policies²) (docs/performance.md)."""
     if not state.children.runtime_classes.synced.is_set():
         return None
-    return memoized(
-        state, ("audit", state.children.runtime_classes.version, state.desired.version),
-        lambda: audit_runtime_classes(list(state.children.all_runtime_classes()),
-                                      state.desired.runtime_class_names()))
+    unmanaged = memoized(state, ("unmanaged", state.children.runtime_classes.version, state.desired.version),
+                         lambda: _unmanaged_runtime_classes(state))
+    return memoized(state, ("audit", unmanaged[0]), lambda: audit_runtime_classes(list(unmanaged[1]), set()))
+
+
+def _unmanaged_runtime_classes(state: OperatorState) -> tuple[frozenset, tuple[dict, ...]]:
+    """(a fingerprint of them: names and resourceVersions, them) of the RuntimeClasses no policy renders."""
+    managed = state.desired.runtime_class_names()
+    found = tuple(rc for rc in state.children.all_runtime_classes()
+                  if (rc.get("metadata") or {}).get("name") not in managed)
+    return frozenset(((rc["metadata"].get("name"), rc["metadata"].get("resourceVersion")) for rc in found)), found
 
 
 def intent(state: OperatorState, body: Mapping, facts: tuple | None) -> Intent:
@@ -165,35 +194,29 @@ async def current(state: OperatorState, key: ObjKey, owner: tuple[str, str | Non
     return found
 
 
-async def survey_proposal(state: OperatorState, sizing: PolicySizing) -> dict:
-    """status.proposal: the refit of the survey CSV spec.overhead.survey names ({} without one),
+async def survey_proposal(state: OperatorState, sizing: PolicySizing) -> ProposalStatus | None:
+    """status.proposal: the refit of the survey CSV spec.overhead.survey names (None without one),
     read from its ConfigMap (docs/measurement.md)."""
     survey = sizing.policy.spec.overhead.survey
     if survey is None:
-        return {}
+        return None
     namespace = survey.namespace or sizing.policy.spec.output.namespace
     source = f"ConfigMap {namespace}/{survey.config_map} key {survey.key}"
     found = await state.api.read(("ConfigMap", namespace, survey.config_map))
     return proposal_status(sizing.policy, ((found or {}).get("data") or {}).get(survey.key), source)
 
 
-async def gather(state: OperatorState, body: dict, trigger: str, facts: tuple | None = None,
-                 findings: list | None = None, pods: list[dict] | None = None,
-                 reread_survey: bool = True) -> Gathered:
-    """What a pass of `body` knows. `facts`, `findings` and `pods` are given when the caller has
-    just computed them (the guidance timer); otherwise they are computed from the caches. The
-    survey of spec.overhead.survey is read again unless `reread_survey` is false (the guidance
-    timer's passes: a change of the policy and each resync read it)."""
+async def gather(state: OperatorState, record: PolicyRecord, trigger: str) -> Gathered:
+    """What a pass of the policy of `record` knows, all read now: the caches (node facts, audits,
+    the live objects), its status, the measurement and, unless the guidance check asked for the
+    pass, the survey of spec.overhead.survey (a change of the policy and each resync read it)."""
+    body = record.body
+    assert body is not None
     name = body["metadata"]["name"]
-    if facts is None:
-        facts = await node_facts(state, body)
-    if findings is None:
-        findings = unmanaged_audit(state)
-    if pods is None:
-        pods = pod_findings(state, body)
-    wanted = intent(state, body, facts)
+    previous = record.status if record.status is not None else KataSizingPolicyStatus()
+    inputs = await pass_inputs(state, body)
+    wanted = intent(state, body, inputs.facts)
     of_policy = state.children.of_policy(name)
-
     owner = (name, (body.get("metadata") or {}).get("uid"))
 
     async def look_up(key: ObjKey) -> dict | None:
@@ -202,19 +225,18 @@ async def gather(state: OperatorState, body: dict, trigger: str, facts: tuple | 
     keys = wanted.desired.keys() if wanted.desired is not None else []
     found = await asyncio.gather(*(look_up(key) for key in keys))
     sizing = policy_sizing(state, body)
-    measurement = proposal = None
+    # An invalid generation keeps what the last valid one measured and proposed.
+    measurement, proposal = previous.measurement, previous.proposal
     if sizing is not None:
         if state.measurement is not None:
-            measurement = state.measurement.report(name)
-        if reread_survey:
+            measurement = state.measurement.report(name, previous.measurement)
+        if trigger != GUIDANCE:
             proposal = await survey_proposal(state, sizing)
     return Gathered(
-        body=body, trigger=trigger, intent=wanted,
+        body=body, trigger=trigger, intent=wanted, status=previous, inputs=inputs,
         live={key: obj for key, obj in zip(keys, found) if obj is not None}, live_of_policy=of_policy,
-        previous=state.desired.by_policy.get(name), nodes_known=facts is not None,
-        unmanaged=tuple(findings) if findings is not None else None,
-        pod_findings=tuple(pods) if pods is not None else None,
-        measurement=measurement, proposal=proposal,
-        webhook_serving=state.webhook_serving,
-        reported=frozenset(state.reported.get(name, ())), announced=dict(state.announced.get(name, {})),
+        previous=state.desired.by_policy.get(name), nodes_known=inputs.facts is not None,
+        unmanaged=inputs.unmanaged, pod_findings=inputs.pod_findings,
+        measurement=measurement, proposal=proposal, webhook_serving=state.webhook_serving,
+        reported=record.reported, announced=dict(record.announced),
     )

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import os
 import random
-from typing import Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, TypeVar, cast
 
 from .api_errors import ApiError
 from .kinds import ADMISSION_GROUP, KINDS, ObjKey
@@ -242,7 +242,7 @@ class ChildCache(HeldNames):
 
     def _changed(self, kind: str) -> ChangeCallback:
         def changed(key: Hashable, before: dict | None, after: dict | None) -> None:
-            namespace, name = key
+            namespace, name = cast(tuple[str | None, str], key)
             obj_key = (kind, namespace, name)
             self._index(obj_key, before, after)
             if self._on_change is not None:
@@ -268,7 +268,8 @@ class ChildCache(HeldNames):
     def reindex(self) -> None:
         self.by_policy = {}
         for kind, informer in self._by_kind.items():
-            for (namespace, name), obj in informer.items.items():
+            for key, obj in informer.items.items():
+                namespace, name = cast(tuple[str | None, str], key)
                 self._index((kind, namespace, name), None, obj)
 
     def get(self, key: ObjKey) -> dict | None:

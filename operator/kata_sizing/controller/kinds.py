@@ -44,6 +44,7 @@ KINDS: dict[str, Kind] = {
     "Node": Kind("", "v1", "nodes", namespaced=False),
     "Pod": Kind("", "v1", "pods", namespaced=True),
     "Lease": Kind("coordination.k8s.io", "v1", "leases", namespaced=True),
+    "Event": Kind("", "v1", "events", namespaced=True),
     KIND: Kind(GROUP, VERSION, PLURAL, namespaced=False),
     "ValidatingAdmissionPolicy": Kind(ADMISSION_GROUP, "v1", "validatingadmissionpolicies", namespaced=False),
     "ValidatingAdmissionPolicyBinding": Kind(

@@ -1,6 +1,6 @@
 """The one module that talks to the Kubernetes API (the `kubernetes` asyncio client).
 
-Generic over the table of kinds in `kinds`: `create`, `read`, `replace`, `delete`, `list` and
+Generic over the table of kinds in `kinds`: `create`, `read`, `replace`, `delete`, `patch` and
 `patch_status` take and return plain dicts in the API's own JSON shape, so the rest of the
 operator never sees the client's models. Errors come out as the kinds of `api_errors`:
 NotFound, Conflict (409: re-read and retry), Invalid (422), TransientApiError (5xx, 429,
@@ -13,11 +13,13 @@ import asyncio
 import copy
 import json
 import os
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -83,21 +85,21 @@ def _proxy_looked_up_once(configuration: client.Configuration) -> None:
     aiohttp then looks up on every request, reading ~/.netrc twice in a thread of its executor:
     a seventh of the operator's CPU in a cold start of 50 policies (py-spy, docs/performance.md).
     The API server's address does not change, so its proxy is looked up here, once, as kubectl
-    honours it (HTTPS_PROXY unless NO_PROXY names the host), and the session does not look again."""
-    from aiohttp.helpers import get_env_proxy_for_url
-    from yarl import URL
-
+    honours it (HTTPS_PROXY unless NO_PROXY names the host, through the standard library's
+    reading of the environment), and the session does not look again."""
     extra = dict(getattr(configuration, "client_session_kwargs", None) or {})
     configuration.client_session_kwargs = {**extra, "trust_env": False}
     if configuration.proxy:
         return
-    try:
-        proxy, auth = get_env_proxy_for_url(URL(configuration.host))
-    except LookupError:
+    host = URL(configuration.host)
+    proxy = urllib.request.getproxies().get(host.scheme or "https")
+    if not proxy or urllib.request.proxy_bypass(host.host or ""):
         return  # no proxy for this host
-    configuration.proxy = str(proxy)
-    if auth is not None:
-        configuration.proxy_headers = {"Proxy-Authorization": auth.encode()}
+    proxy_url = URL(proxy)
+    configuration.proxy = str(proxy_url.with_user(None))
+    if proxy_url.user is not None:
+        credentials = aiohttp.BasicAuth(proxy_url.user, proxy_url.password or "")
+        configuration.proxy_headers = {"Proxy-Authorization": credentials.encode()}
 
 
 @dataclass
@@ -231,19 +233,20 @@ class KubeApi:
         except NotFound:
             pass
 
-    async def list(self, kind_name: str, label_selector: str | None = None) -> list[dict]:
-        kind = self.kind(kind_name)
-        found = await self._json("GET", self.path(kind), f"list {kind.plural}",
-                                 query={"labelSelector": label_selector})
-        return [self._typed(item, kind_name, kind) for item in found.get("items") or []]
+    async def patch(self, key: ObjKey, patch: dict | list) -> dict:
+        """A merge patch (dict) or a JSON patch (list, which may carry `test` operations)."""
+        return await self._patch(key, patch)
 
     async def patch_status(self, key: ObjKey, patch: dict | list) -> dict:
-        """A merge patch (dict) or a JSON patch (list, which may carry `test` operations) of the
-        status subresource."""
+        """`patch`, of the status subresource."""
+        return await self._patch(key, patch, "status")
+
+    async def _patch(self, key: ObjKey, patch: dict | list, subresource: str | None = None) -> dict:
         kind_name, namespace, name = key
         kind = self.kind(kind_name)
         patched = await self._json(
-            "PATCH", self.path(kind, namespace, name, "status"), f"patch {describe(key)} status", body=patch,
+            "PATCH", self.path(kind, namespace, name, subresource),
+            f"patch {describe(key)}{' ' + subresource if subresource else ''}", body=patch,
             content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH, timeout=WRITE_TIMEOUT_S)
         return self._typed(patched, kind_name, kind)
 
@@ -298,7 +301,8 @@ class KubeApi:
 
     async def list_all(self, kind_name: str, label_selector: str | None = None, page_size: int = 500) -> list[dict]:
         """Every object of a collection, read a page at a time (for the CLI's one-off survey)."""
-        found, continue_token = [], None
+        found: list[dict] = []
+        continue_token = None
         while True:
             page, _, continue_token = await self.list_page(kind_name, page_size, continue_token, label_selector)
             found.extend(page)

@@ -8,9 +8,9 @@ still serves the admission webhook, which writes nothing).
   and renewing are PUTs with the read resourceVersion: of two replicas racing, one gets 409.
 - The leader renews every `retry_period_s`; if it cannot renew for `renew_deadline_s` (shorter
   than the lease duration, so it stops before anybody else may start) it steps down.
-- While a replica does not lead, kopf is paused through the same switch kopf's own peering
-  uses (`operator_paused`): no policy watch, no handler, no timer; the operator's drift queue
-  waits as well. Its caches keep following the cluster, so a takeover starts warm.
+- While a replica does not lead, its work queue runs no pass (the queue's gate is
+  `wait_leading`), nor its measurement or guidance check. Its policy watch and caches keep
+  following the cluster, so a takeover starts warm.
 
 Defaults are client-go's and controller-runtime's: 15 s lease, 10 s renew deadline, 2 s retry
 (`retry.py`).
@@ -19,7 +19,6 @@ Defaults are client-go's and controller-runtime's: 15 s lease, 10 s renew deadli
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import os
 import random
@@ -180,66 +179,3 @@ class LeaderElector:
             log.warning("could not release Lease %s/%s (%s); it expires in %ss", o.namespace, o.name, exc,
                         o.lease_duration_s)
         await self._set(False, released=True)
-
-
-# --- pausing kopf while not leading ---------------------------------------------------------
-
-_ELECTORS: dict[int, LeaderElector] = {}
-
-
-_EVENT_QUEUES: dict[int, asyncio.Queue] = {}  # id(settings) -> kopf's event queue
-
-
-def kopf_event_context(settings) -> contextvars.Context | None:
-    """A copy of the current context in which kopf.event() posts, or None before kopf's
-    orchestrator started. kopf sets its event queue only inside its object handlers; a task
-    started elsewhere (the pass queue, started when this replica becomes the leader) needs it.
-    install_kopf_gate captures the queue from the orchestrator's processor."""
-    queue = _EVENT_QUEUES.get(id(settings))
-    if queue is None:
-        return None
-    from kopf._core.engines import posting
-
-    context = contextvars.copy_context()
-    context.run(posting.event_queue_var.set, queue)
-    context.run(posting.event_queue_loop_var.set, asyncio.get_running_loop())
-    return context
-
-
-def gate_kopf(settings, elector: LeaderElector) -> None:
-    """Pause the kopf operator that runs with `settings` whenever `elector` does not lead."""
-    _ELECTORS[id(settings)] = elector
-
-
-def ungate_kopf(settings) -> None:
-    _ELECTORS.pop(id(settings), None)
-
-
-def install_kopf_gate() -> None:
-    """Wrap kopf's orchestrator (kopf is pinned exactly) so it adds one more toggle to the
-    `operator_paused` set its peering uses: on while this replica does not hold the Lease.
-    Installed before kopf starts; operators without an elector are not affected."""
-    from kopf._core.reactor import orchestration
-
-    if getattr(orchestration.orchestrator, "kata_sizing_gate", False):
-        return
-    original = orchestration.orchestrator
-
-    async def orchestrator(*, settings, operator_paused, **kwargs) -> None:
-        queue = getattr(kwargs.get("processor"), "keywords", {}).get("event_queue")
-        if queue is not None:
-            _EVENT_QUEUES[id(settings)] = queue
-        elector = _ELECTORS.get(id(settings))
-        if elector is not None:
-            toggle = await operator_paused.make_toggle(not elector.is_leader, name="not the leader (Lease)")
-
-            async def follow(leading: bool) -> None:
-                await toggle.turn_to(not leading)
-
-            elector.listen(follow)
-            if elector.is_leader == toggle.is_on():  # changed while the toggle was being made
-                await toggle.turn_to(not elector.is_leader)
-        await original(settings=settings, operator_paused=operator_paused, **kwargs)
-
-    orchestrator.kata_sizing_gate = True  # type: ignore[attr-defined]
-    orchestration.orchestrator = orchestrator

@@ -24,9 +24,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from . import conditions as cond
 from . import metrics
 from ..core.headroom import HeadroomThreshold, mib_text
 from ..core.measure import KataPod, LowHeadroom, MeasurementState, SummaryError, read_summary
+from ..core.model import HeadroomLowPod, MeasuredClass, MeasurementStatus, SkippedNode
 
 log = logging.getLogger("kata_sizing.measurement")
 
@@ -219,8 +221,11 @@ class MeasurementLoop:
                 wait = min((due - now for due in self.next_due.values()), default=1.0)
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), max(0.01, min(wait, 1.0)) / self.speed)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that
+                    # comes as the event is set (a policy forgotten at shutdown), and the loop ran on.
+                    async with asyncio.timeout(max(0.01, min(wait, 1.0)) / self.speed):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
         finally:
             for task in list(self._tasks):
@@ -268,12 +273,12 @@ class MeasurementLoop:
             for pod in sorted(now.keys() - before.keys()):
                 low = now[pod]
                 class_name = policy.classes[low.runtime_class][0]
-                self._event(policy, "Warning", "HeadroomLow", low.message(class_name, policy.threshold))
+                self._event(policy, "Warning", cond.EVENT_HEADROOM_LOW, low.message(class_name, policy.threshold))
             for pod in sorted(before.keys() - now.keys()):
                 low = before[pod]
                 class_name = policy.classes.get(low.runtime_class, (low.runtime_class,))[0]
                 gone = low.uid not in self.pods.items
-                self._event(policy, "Normal", "HeadroomRecovered",
+                self._event(policy, "Normal", cond.EVENT_HEADROOM_RECOVERED,
                             f"pod {pod} (class {class_name}) on node {low.node}: "
                             + ("the pod is gone" if gone else
                                f"headroom no longer under {mib_text(low.threshold_bytes)} ({policy.threshold_text})"))
@@ -297,59 +302,55 @@ class MeasurementLoop:
     def version(self, policy: str) -> int:
         return self.versions.get(policy, 0)
 
-    def report(self, name: str) -> dict | None:
-        """status.measurement of policy `name`: {} when it is not measured (the field is
-        removed), None while this replica has read none of its nodes yet (a new leader: the
+    def measures(self, name: str) -> bool:
+        return name in self.policies
+
+    def report(self, name: str, previous: MeasurementStatus | None = None) -> MeasurementStatus | None:
+        """status.measurement of policy `name`: None when it is not measured (the field is
+        removed), `previous` while this replica has read none of its nodes yet (a new leader: the
         status keeps what the last one measured until this one has read)."""
         policy = self.policies.get(name)
         if policy is None:
-            return {}
+            return None
         now = self.clock()
         self.targets()
         nodes = sorted(self._nodes_of_policy.get(name, ()))
         if nodes and not any(node in self.state.nodes for node in nodes):
-            return None
+            return previous
+        read = [self.state.nodes[n] for n in nodes if n in self.state.nodes]
         failing = [(node, self.state.nodes[node]) for node in nodes
                    if node in self.state.nodes and self.state.nodes[node].error is not None]
         low = self.state.low_headroom(policy.classes)
         classes = []
         for runtime_class, (class_name, _) in policy.classes.items():
             figures = self.state.figures(runtime_class, now)
-            entry = {
-                "name": class_name, "runtimeClass": runtime_class,
-                "podsMeasured": sum(self.state.nodes[n].pods_by_class.get(runtime_class, 0)
-                                    for n in nodes if n in self.state.nodes),
-                "podsWithoutLimit": sum(self.state.nodes[n].without_limit_by_class.get(runtime_class, 0)
-                                        for n in nodes if n in self.state.nodes),
-                "podsNotMeasured": sum(self.state.nodes[n].not_measured_by_class.get(runtime_class, 0)
-                                       for n in nodes if n in self.state.nodes),
-                "podsUnderThreshold": sum(1 for found in low if found.runtime_class == runtime_class),
-                "samples": figures.samples if figures else 0,
-            }
-            if figures is not None and figures.samples:
-                entry.update(overheadP50Bytes=figures.overhead_p50_bytes, overheadP99Bytes=figures.overhead_p99_bytes)
-                if figures.max_overhead is not None:
-                    entry.update(overheadMaxBytes=figures.max_overhead.value_bytes,
-                                 overheadMaxPod=figures.max_overhead.pod)
-                if figures.min_headroom is not None:
-                    entry.update(minHeadroomBytes=figures.min_headroom.value_bytes,
-                                 minHeadroomPod=figures.min_headroom.pod, minHeadroomNode=figures.min_headroom.node,
-                                 minHeadroomAt=rfc3339(figures.min_headroom.at))
-                entry["lastMeasured"] = rfc3339(figures.last_measured_at)
-            classes.append({k: v for k, v in entry.items() if v is not None})
-        return {
-            "intervalSeconds": int(policy.interval_s),
-            "windowSeconds": int(policy.window_s),
-            "nodes": len(nodes),
-            "nodesSkipped": len(failing),
-            "skipped": [{"node": node, "reason": record.error[:300], "failures": record.failures,
-                         "since": rfc3339(record.error_at)} for node, record in failing[:MAX_LISTED]],
-            "classes": sorted(classes, key=lambda c: list(policy.classes).index(c["runtimeClass"])),
-            "underThreshold": [{
-                "pod": found.pod, "node": found.node, "class": policy.classes[found.runtime_class][0],
-                "headroomBytes": found.headroom_bytes, "thresholdBytes": found.threshold_bytes,
-                "measuredAt": rfc3339(found.measured_at)} for found in low[:MAX_LISTED]],
-        }
+            measured = figures is not None and figures.samples > 0
+            most = figures.max_overhead if measured and figures else None
+            least = figures.min_headroom if measured and figures else None
+            classes.append(MeasuredClass(
+                name=class_name, runtime_class=runtime_class,
+                pods_measured=sum(record.pods_by_class.get(runtime_class, 0) for record in read),
+                pods_without_limit=sum(record.without_limit_by_class.get(runtime_class, 0) for record in read),
+                pods_not_measured=sum(record.not_measured_by_class.get(runtime_class, 0) for record in read),
+                pods_under_threshold=sum(1 for found in low if found.runtime_class == runtime_class),
+                samples=figures.samples if figures else 0,
+                overhead_p50_bytes=figures.overhead_p50_bytes if measured and figures else None,
+                overhead_p99_bytes=figures.overhead_p99_bytes if measured and figures else None,
+                overhead_max_bytes=most.value_bytes if most else None, overhead_max_pod=most.pod if most else None,
+                min_headroom_bytes=least.value_bytes if least else None,
+                min_headroom_pod=least.pod if least else None, min_headroom_node=least.node if least else None,
+                min_headroom_at=rfc3339(least.at) if least else None,
+                last_measured=rfc3339(figures.last_measured_at) if measured and figures else None))
+        return MeasurementStatus(
+            interval_seconds=int(policy.interval_s), window_seconds=int(policy.window_s), nodes=len(nodes),
+            nodes_skipped=len(failing),
+            skipped=[SkippedNode(node=node, reason=(record.error or "")[:300], failures=record.failures,
+                                 since=rfc3339(record.error_at)) for node, record in failing[:MAX_LISTED]],
+            classes=classes,
+            under_threshold=[HeadroomLowPod(
+                pod=found.pod, node=found.node, class_name=policy.classes[found.runtime_class][0],
+                headroom_bytes=found.headroom_bytes, threshold_bytes=found.threshold_bytes,
+                measured_at=rfc3339(found.measured_at) or "") for found in low[:MAX_LISTED]])
 
     def gauges(self) -> list[tuple[str, str, dict]]:
         """(policy, class, figures) for the metrics: pods under threshold, min headroom, overhead quantiles."""

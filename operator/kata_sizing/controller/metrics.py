@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,15 +159,22 @@ class Pass:
     trigger: str
     result: str = RESULT_ERROR
     writes: list[str] = field(default_factory=list)
+    status_written: bool = False
 
     def done(self, outcome: Any) -> None:
         """Record a finished pass from its conclusion (reconcile.run_pass)."""
         self.result = {"invalid": RESULT_INVALID, "conflict": RESULT_CONFLICT}.get(outcome.result, RESULT_OK)
 
 
+# The reconcile line names at most this many writes (the JSON log's `written` has them all).
+NAMED_WRITES = 4
+
+
 @contextlib.contextmanager
 def reconcile_pass(policy: str, trigger: str) -> Iterator[Pass]:
-    """Time one pass, count it by result, and log one line (one JSON object with --log-format json)."""
+    """Time one pass, count it by result, and log one line (one JSON object with --log-format json):
+    at INFO when the pass changed something or failed, at DEBUG when it found everything as it
+    should be (a resync, a guidance check of a policy in sync)."""
     current = Pass(policy, trigger)
     start = time.perf_counter()
     try:
@@ -177,13 +184,20 @@ def reconcile_pass(policy: str, trigger: str) -> Iterator[Pass]:
         RECONCILES.labels(trigger, current.result).inc()
         RECONCILE_SECONDS.labels(trigger).observe(seconds)
         RECONCILE_WRITES.labels(trigger).inc(len(current.writes))
-        log.info(
-            "reconciled %s: trigger=%s result=%s writes=%d duration=%.3fs",
+        changed = [*current.writes[:NAMED_WRITES]]
+        if len(current.writes) > NAMED_WRITES:
+            changed.append(f"{len(current.writes) - NAMED_WRITES} more")
+        if current.status_written:
+            changed.append("status written")
+        log.log(
+            logging.INFO if changed or current.result == RESULT_ERROR else logging.DEBUG,
+            "reconciled %s: trigger=%s result=%s writes=%d duration=%.3fs%s",
             policy, trigger, current.result, len(current.writes), seconds,
+            f" ({'; '.join(changed)})" if changed else "",
             extra={
                 "policy": policy, "trigger": trigger, "result": current.result,
                 "writes": len(current.writes), "written": current.writes,
-                "duration_s": round(seconds, 6),
+                "status_written": current.status_written, "duration_s": round(seconds, 6),
             },
         )
 
@@ -202,11 +216,9 @@ def admission(errors: list[str], warnings: list[str], routed: bool = False) -> N
     ADMISSIONS.labels("denied" if errors else "warned" if warnings else "routed" if routed else "allowed").inc()
 
 
-def policy_status(policy: str, status: Mapping[str, Any]) -> None:
-    """The conditions a pass computed for a policy (written or already in place)."""
-    STATE.conditions[policy] = {
-        c["type"]: c["status"] for c in status.get("conditions") or [] if "type" in c and "status" in c
-    }
+def policy_status(policy: str, status: Any) -> None:
+    """The conditions a pass computed for a policy (a KataSizingPolicyStatus, written or already in place)."""
+    STATE.conditions[policy] = {c.type: c.status for c in status.conditions}
 
 
 def forget_policy(policy: str) -> None:
@@ -260,5 +272,5 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
+    bound = next((address[1] for address in runner.addresses if isinstance(address, tuple)), port)
     return runner, bound

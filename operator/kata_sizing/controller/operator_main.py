@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 import aiohttp.web
 import kopf
-# kopf raises these for reviews it cannot route; they are not exported at its top level.
-from kopf._core.engines.admission import WebhookError
 
 from . import policy_webhook
 from .leader import default_identity
@@ -55,7 +53,8 @@ class BoundedWebhookServer(kopf.WebhookServer):
         finally:
             self.listening = False
 
-    async def _serve(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # noqa: ANN001 - kopf's
+    # kopf's _serve is a staticmethod; this one needs the server's own routes.
+    async def _serve(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
         try:
             # aiohttp reads at most 1 MiB by default (then 413); a review is bounded like every
             # other input (docs/inputs.md), and a legal pod may be larger than 1 MiB.
@@ -69,18 +68,20 @@ class BoundedWebhookServer(kopf.WebhookServer):
         except bounded.InputError as exc:
             raise aiohttp.web.HTTPBadRequest(text=str(exc)) from None
         problem = policy_webhook.review_problem(review)
-        if problem:
+        if problem or not isinstance(review, dict):
             raise aiohttp.web.HTTPBadRequest(text=f"not an AdmissionReview request: {problem}")
         headers = dict(request.headers)
         sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         route = self.routes.get(request.match_info.get("id") or "")
         if route is not None:
             return aiohttp.web.json_response(await self._never_refusing(route, review))
+        other = policy_webhook.not_a_policy(review)
+        if other:
+            # A review of a resource this operator has no rule for: nothing to refuse.
+            return aiohttp.web.json_response(policy_webhook.review_response(
+                review, allowed=True, warnings=[f"kata-sizing: {other}"]))
         try:
             answer = await fn(review, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=headers)
-        except WebhookError as exc:
-            # A review of a resource this operator has no rule for: nothing to refuse.
-            answer = policy_webhook.review_response(review, allowed=True, warnings=[f"kata-sizing: {exc}"])
         except Exception:  # noqa: BLE001 - the API server must get an answer, not a 500
             log.exception("admission review %s failed", review["request"]["uid"])
             answer = policy_webhook.review_response(
@@ -182,8 +183,8 @@ def run_operator(
         # Without one, kopf names itself after the user from /etc/passwd (getpass), and the
         # kubelet, unlike podman, adds no entry for the pod's runAsUser: the operator died at
         # start-up on a real node (docs/testing.md).
-        identity=lease.identity if lease is not None else default_identity(),
-        # With a Lease the handlers start only once this replica holds it (see leader.py).
+        identity=lease.identity if lease is not None else default_identity(),  # type: ignore[arg-type]  # kopf's NewType of str
+        # With a Lease only the holder's work queue runs passes (see leader.py).
         memo=kopf.Memo(lease=lease, kubelet=kubelet),
     ))
     return 0

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field, replace
 
 from .compare import corrected, differences, is_ours
 from .kinds import ObjKey, describe, obj_key
-from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
+from ..core.model import (
+    API_VERSION, KIND, KataSizingPolicy, KataSizingPolicyStatus, MeasurementStatus, PolicyError, ProposalStatus,
+    parse_policy,
+)
 from ..core.render import Rendered, configmap_names, render_policy
 from ..core.sizing import PolicySizing, Severity, size_policy
 
@@ -51,10 +54,26 @@ class Verb(enum.Enum):
 WRITES = frozenset({Verb.CREATE, Verb.REPLACE, Verb.RECREATE, Verb.DELETE})
 
 
+class Reason(enum.Enum):
+    """Why `decide` chose its verb: what the status and the events say, from here alone."""
+
+    IN_SYNC = "in sync"  # live is as wanted
+    ABSENT = "absent"  # nothing wanted, nothing there
+    MISSING = "missing"  # wanted and not there
+    CHART_MISSING = "chart missing"  # the chart's RuntimeClass is not there: the chart creates it
+    DIFFERS = "differs"  # fields the policy decides differ
+    HANDLER_CHANGED = "handler changed"  # an owned RuntimeClass's handler differs (immutable: re-created)
+    HANDLER_IMMUTABLE = "handler immutable"  # the chart's RuntimeClass's handler differs: only the chart can fix it
+    NOT_WANTED = "not wanted"  # an object of the policy it no longer renders
+    CHART_OWNED = "chart owned"  # the chart's RuntimeClass the policy no longer renders: never deleted
+    FOREIGN = "foreign"  # somebody else's object holds the name
+
+
 @dataclass(frozen=True)
 class Action:
     verb: Verb
     key: ObjKey
+    reason: Reason
     want: dict | None = None
     have: dict | None = None
     body: dict | None = None  # what CREATE, REPLACE and RECREATE write
@@ -80,7 +99,7 @@ class Action:
 def binding_refs(want: dict | None) -> tuple[ObjKey | None, ObjKey | None]:
     """(the admission policy, the parameters ConfigMap) a binding names; (None, None) otherwise."""
     kind = (want or {}).get("kind") or ""
-    if not kind.endswith("PolicyBinding"):
+    if want is None or not kind.endswith("PolicyBinding"):
         return None, None
     spec = want.get("spec") or {}
     ref = spec.get("paramRef") or {}
@@ -89,38 +108,43 @@ def binding_refs(want: dict | None) -> tuple[ObjKey | None, ObjKey | None]:
 
 
 def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_policy: str, trigger: Trigger) -> Action:
-    """The action for one object: `want` is what the policy renders for the name (None: it
-    renders nothing there), `have` the live object (None: none exists)."""
+    """The action for one object, and why: `want` is what the policy renders for the name (None:
+    it renders nothing there), `have` the live object (None: none exists)."""
     key = obj_key(want if want is not None else have or {})
     guarded = ownership is Ownership.GUARDED
-    common = {"key": key, "want": want, "have": have, "guarded": guarded, "trigger": trigger,
-              "drift": trigger is Trigger.DRIFT}
+
+    def action(verb: Verb, reason: Reason, **more) -> Action:
+        return Action(verb, key, reason, want=want, have=have, guarded=guarded, trigger=trigger,
+                      drift=trigger is Trigger.DRIFT and verb is not Verb.DELETE, **more)
+
     if ownership is Ownership.FOREIGN:
-        return Action(Verb.CONFLICT if want is not None else Verb.NOTHING, **common)
+        return action(Verb.CONFLICT if want is not None else Verb.NOTHING, Reason.FOREIGN)
     if want is None:
-        if have is None or guarded:
-            return Action(Verb.NOTHING, **common)
-        return Action(Verb.DELETE, **{**common, "drift": False})
+        if have is None:
+            return action(Verb.NOTHING, Reason.ABSENT)
+        if guarded:
+            return action(Verb.NOTHING, Reason.CHART_OWNED)
+        return action(Verb.DELETE, Reason.NOT_WANTED)
     write = trigger is Trigger.APPLY or drift_policy == "Correct"
     if have is None:
         if guarded:
-            return Action(Verb.MISSING, differences=("(missing)",), **common)
+            return action(Verb.MISSING, Reason.CHART_MISSING, differences=("(missing)",))
         if write:
-            return Action(Verb.CREATE, body=copy.deepcopy(want), differences=("(missing)",), **common)
-        return Action(Verb.REPORT, differences=("(missing)",), **common)
+            return action(Verb.CREATE, Reason.MISSING, body=copy.deepcopy(want), differences=("(missing)",))
+        return action(Verb.REPORT, Reason.MISSING, differences=("(missing)",))
     found = tuple(differences(want, have, guarded))
     if not found:
-        return Action(Verb.NOTHING, **common)
+        return action(Verb.NOTHING, Reason.IN_SYNC)
     if key[0] == "RuntimeClass" and want.get("handler") != have.get("handler"):
         if guarded:
             # The chart made it from the values overlay: only the chart can make it again.
-            return Action(Verb.REPORT, differences=found, **common)
+            return action(Verb.REPORT, Reason.HANDLER_IMMUTABLE, differences=found)
         if write:
-            return Action(Verb.RECREATE, body=copy.deepcopy(want), differences=found, **common)
-        return Action(Verb.REPORT, differences=found, **common)
+            return action(Verb.RECREATE, Reason.HANDLER_CHANGED, body=copy.deepcopy(want), differences=found)
+        return action(Verb.REPORT, Reason.HANDLER_CHANGED, differences=found)
     if write:
-        return Action(Verb.REPLACE, body=corrected(want, have, guarded), differences=found, **common)
-    return Action(Verb.REPORT, differences=found, **common)
+        return action(Verb.REPLACE, Reason.DIFFERS, body=corrected(want, have, guarded), differences=found)
+    return action(Verb.REPORT, Reason.DIFFERS, differences=found)
 
 
 # --- what a policy wants ---------------------------------------------------------------------
@@ -160,6 +184,12 @@ class Desired:
         if key in self.guarded:
             return self.guarded[key], Ownership.GUARDED
         return None
+
+    def wanted(self, key: ObjKey) -> tuple[dict, Ownership]:
+        """`lookup` of a key of `keys()`."""
+        found = self.lookup(key)
+        assert found is not None, key
+        return found
 
     def keys(self) -> list[ObjKey]:
         return [*self.owned, *self.guarded]
@@ -237,9 +267,10 @@ class Intent:
 
 def intent_of(body: Mapping, nodes: list | None = None, admission_versions: Mapping[str, str] | None = None,
               sizing: PolicySizing | None = None) -> Intent:
-    """Parse, size and render a policy (`nodes`: node facts, None while unknown)."""
+    """Parse, size and render a policy (`nodes`: node facts, None while unknown; `sizing`: the
+    policy's, when it is known to be valid)."""
     try:
-        policy = parse_policy(dict(body))
+        policy = sizing.policy if sizing is not None else parse_policy(dict(body))
         sizing = sizing or size_policy(policy)
     except PolicyError as exc:
         return Intent(invalid=tuple(exc.problems))
@@ -255,10 +286,27 @@ def intent_of(body: Mapping, nodes: list | None = None, admission_versions: Mapp
 # --- a pass -----------------------------------------------------------------------------------
 
 
+# Why a pass runs (the log's and the metrics' `trigger`), the strongest first: a policy's queued
+# pass runs once, for the strongest reason asked (docs/operation.md, Reconcile).
+DELETED = "deleted"  # the policy is gone: its record is forgotten, no pass
+APPLY = "apply"  # its generation is not yet the one its status observed: a new policy, a spec change
+DRIFT = "drift"  # one of its objects changed
+LEADER = "leader"  # this replica became the leader
+RESYNC = "resync"  # the periodic resync, and the first pass after the operator started
+RETRY = "retry"  # a failed pass, after its back-off
+GUIDANCE = "guidance"  # what the node guidance or the audits read changed (the survey is not read again)
+PASS_TRIGGERS = (DELETED, APPLY, DRIFT, LEADER, RESYNC, RETRY, GUIDANCE)
+
+
+def stronger_trigger(a: str, b: str) -> str:
+    return min(a, b, key=PASS_TRIGGERS.index)
+
+
 def key_trigger(pass_trigger: str, previous: Desired | None, key: ObjKey, want: dict | None) -> Trigger:
-    """APPLY when the policy changed (kopf's create/update) or renders something new for this
-    name; DRIFT when it wants what it wanted at its last pass; FIRST when that is not known."""
-    if pass_trigger == "apply":
+    """APPLY when the policy changed (its generation is not yet observed) or renders something new
+    for this name; DRIFT when it wants what it wanted at its last pass; FIRST when that is not
+    known."""
+    if pass_trigger == APPLY:
         return Trigger.APPLY
     if previous is None:
         return Trigger.FIRST
@@ -269,13 +317,28 @@ def key_trigger(pass_trigger: str, previous: Desired | None, key: ObjKey, want: 
 
 
 @dataclass(frozen=True)
+class PassInputs:
+    """What a pass read besides its policy and the policy's objects, as one frozen value: the
+    guidance check compares it with the present to tell whether a pass would find anything new."""
+
+    # The caches' versions: nodes, pods, every RuntimeClass (the audit), the policies' classes.
+    versions: tuple[int, int, int, int]
+    measured: int | None  # the measurement's version of the policy (None: nothing measures)
+    facts: tuple | None  # node facts (None until the node and pod caches synced)
+    unmanaged: tuple | None  # the audit of the Kata RuntimeClasses no policy manages
+    pod_findings: tuple | None  # the audit of the policy's pods
+
+
+@dataclass(frozen=True)
 class Gathered:
-    """What a pass knows before it decides anything (gather.gather builds it): the policy, what
-    it wants, the live objects, what the last pass wanted, and what was already said."""
+    """What a pass knows before it decides anything (gather.gather builds it): the policy, its
+    status, what it wants, the live objects, what the last pass wanted, and what was already said."""
 
     body: Mapping
-    trigger: str  # apply (kopf's create/update), resync, drift, leader
+    trigger: str  # one of PASS_TRIGGERS
     intent: Intent
+    status: KataSizingPolicyStatus | None = None  # as last written (None: no status yet)
+    inputs: PassInputs | None = None  # what it read from the caches besides its objects
     # The object holding each wanted name (a name missing here has no object), and the objects
     # labelled for the policy.
     live: Mapping[ObjKey, dict] = field(default_factory=dict)
@@ -284,10 +347,9 @@ class Gathered:
     nodes_known: bool = False
     unmanaged: tuple | None = None  # audit findings on Kata RuntimeClasses no policy manages
     pod_findings: tuple | None = None
-    # status.measurement and status.proposal as measured and refitted (docs/measurement.md):
-    # None leaves the status's as it was, {} removes it.
-    measurement: Mapping | None = None
-    proposal: Mapping | None = None
+    # status.measurement and status.proposal as the status is to hold them (docs/measurement.md).
+    measurement: MeasurementStatus | None = None
+    proposal: ProposalStatus | None = None
     webhook_serving: bool | None = None
     # Drift already reported, as (key, resourceVersion); events already posted, by reason.
     reported: frozenset = frozenset()
@@ -322,7 +384,7 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
     owner = (desired.policy_name, desired.policy_uid)
     actions = []
     for key in desired.keys():
-        want, role = desired.lookup(key)
+        want, role = desired.wanted(key)
         have = live.get(key)
         ownership = Ownership.FOREIGN if have is not None and not is_ours(have, *owner) else role
         trigger = key_trigger(pass_trigger, previous, key, want)
@@ -348,22 +410,6 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
 
 def plan_pass(gathered: Gathered) -> Plan:
     return plan_objects(gathered.intent, gathered.live, gathered.live_of_policy, gathered.trigger, gathered.previous)
-
-
-def plan_deletion(body: Mapping, live_of_policy: Mapping[ObjKey, dict], chart_owned: bool) -> Plan:
-    """The policy is being deleted: remove what the operator created, nothing else (the chart's
-    RuntimeClasses stay)."""
-    meta = body.get("metadata") or {}
-    owner = (meta.get("name"), meta.get("uid"))
-    actions = []
-    for key, have in live_of_policy.items():
-        if not is_ours(have, *owner):
-            continue
-        role = Ownership.GUARDED if key[0] == "RuntimeClass" and chart_owned else Ownership.OWNED
-        action = decide(None, have, role, "Correct", Trigger.APPLY)
-        if action.verb is not Verb.NOTHING:
-            actions.append(action)
-    return Plan(Intent(), tuple(actions))
 
 
 def conflict_text(action: Action) -> str:

@@ -8,7 +8,7 @@ import base64
 import json
 from collections.abc import Mapping
 
-from ..core.model import PolicyError, parse_policy
+from ..core.model import GROUP, PLURAL, PolicyError, parse_policy
 from ..core.sizing import size_policy
 
 # kopf serves each admission handler at /<handler id>; manifests/webhook/ points the
@@ -32,10 +32,9 @@ def admission_problems(body: Mapping) -> tuple[list[str], list[str]]:
 def needs_review(operation: str | None, old: Mapping | None, new: Mapping | None) -> bool:
     """Whether an admission request changes what the rules look at.
 
-    An UPDATE that leaves the spec alone is let through: kopf's own finalizer and
-    annotation patches, and the removal of the finalizer when a policy is deleted, must
-    not be refused because of a policy stored before the webhook existed; the operator
-    reports such a policy as Valid=False instead."""
+    An UPDATE that leaves the spec alone is let through: a label, the removal of an older
+    operator's finalizer, must not be refused because of a policy stored before the webhook
+    existed; the operator reports such a policy as Valid=False instead."""
     if operation == "UPDATE" and old is not None and new is not None:
         return old.get("spec") != new.get("spec")
     return True
@@ -99,6 +98,16 @@ def review_problem(review: object) -> str | None:
     if not all(body is None or isinstance(body, dict) for body in (new, old)) or (new is None and old is None):
         return "request.object or request.oldObject must be an object"
     return None
+
+
+def not_a_policy(review: dict) -> str | None:
+    """Why a well-formed review (review_problem returned None) is none of the policy rules'
+    business, or None for a KataSizingPolicy's: kopf answers only the resources it has handlers
+    for."""
+    resource = review["request"]["resource"]
+    if (resource["group"], resource["resource"]) == (GROUP, PLURAL):
+        return None
+    return f"no rule for {resource['group'] or 'core'}/{resource['version']} {resource['resource']}"
 
 
 def review_response(review: dict, allowed: bool, message: str = "", code: int = 0,

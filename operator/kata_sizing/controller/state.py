@@ -1,5 +1,5 @@
 """The operator's state, typed: what one process keeps between passes (kopf's memo holds only
-this object, as `memo.state`)."""
+this object, as `memo.state`), one `PolicyRecord` per policy."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .compare import is_ours
+from .events import EventSink
 from .informer import ChildCache, Informer
 from .kinds import ObjKey
 from .leader import LeaderElector
-from .plan import Desired
+from .plan import Desired, PassInputs
 from .workqueue import WorkQueue
+from ..core.model import KataSizingPolicyStatus
+from ..core.sizing import PolicySizing
 
 
 @dataclass
@@ -75,13 +78,43 @@ class DesiredCache:
 
 
 @dataclass
+class PolicyRecord:
+    """What this replica keeps about one policy between its passes; forgetting a policy drops it."""
+
+    name: str
+    # The latest body seen (the policy watch, and the operator's own status writes); None once
+    # the watch said the policy is deleted (its queued item then forgets it).
+    body: dict | None
+    # The status as this replica last wrote it (None: not yet; the first pass reads the body's).
+    status: KataSizingPolicyStatus | None = None
+    # ((uid, generation), its sizing, or None when that generation is invalid): sized once per
+    # generation, not per pass (the guidance check's pod audit needs it on every change of pods).
+    sizing: tuple[tuple, PolicySizing | None] | None = None
+    inputs: PassInputs | None = None  # of its last successful pass
+    # The objects its last pass reported, or could not write (a change of any other object that
+    # leaves it as the policy wants it needs no pass).
+    attention: frozenset[ObjKey] = frozenset()
+    # The drift its passes reported (as (key, resourceVersion)) and still stands, and the events
+    # last posted, by reason.
+    reported: frozenset = frozenset()
+    announced: dict[str, object] = field(default_factory=dict)
+    # Increments of status.driftCorrections/driftDetected not yet written.
+    pending_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def generation(self) -> int | None:
+        return ((self.body or {}).get("metadata") or {}).get("generation")
+
+
+@dataclass
 class OperatorState:
     api: Any  # kube.KubeApi (or a test's fake of it)
     admission_versions: dict[str, str]
     children: ChildCache
     nodes: Informer
     pods: Informer
-    work: WorkQueue | None = None
+    events: EventSink = field(default=lambda ref, type_, reason, message: None)
+    work: WorkQueue[str, str] | None = None
     leader: LeaderElector | None = None
     webhook_serving: bool = False
     # The measurement of the policies' pods (measurement.MeasurementLoop) and, reading on the
@@ -89,68 +122,32 @@ class OperatorState:
     measurement: Any = None
     kubelets: Any = None
     desired: DesiredCache = field(default_factory=DesiredCache)
-    # One lock per policy: its passes, drift passes and deletion never overlap.
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    # Per policy: the inputs (informer versions), node facts and audits of its last successful
-    # pass; the guidance timer compares against them.
-    last_pass: dict[str, tuple] = field(default_factory=dict)
+    records: dict[str, PolicyRecord] = field(default_factory=dict)
     # Node facts, audits and intents computed once per change and shared by every policy.
     derived: dict[Hashable, tuple] = field(default_factory=dict)
-    # Per policy: ((uid, generation), its sizing or None when invalid). Kept apart from `derived`,
-    # which is cleared when full: with 200 policies the guidance timer's pod audit re-sized a
-    # policy on nearly every tick, two thirds of the operator's busy time (docs/performance.md);
-    # an entry is about 17 KiB.
-    sizings: dict[str, tuple[tuple, object]] = field(default_factory=dict)
-    # The latest body seen of each policy (kopf's handlers and our own status writes keep it):
-    # a drift pass starts from it instead of reading the policy again.
-    policies: dict[str, dict] = field(default_factory=dict)
-    # The status this replica last wrote per policy: what the next pass compares with.
-    written_status: dict[str, dict] = field(default_factory=dict)
-    # Per policy: the objects its last pass reported, or could not write (a change of any other
-    # object that leaves it as the policy wants it needs no pass).
-    attention: dict[str, set[ObjKey]] = field(default_factory=dict)
-    # Per policy: the drift its passes reported (as (key, resourceVersion)) and still stands, and
-    # the events last posted, by reason.
-    reported: dict[str, set] = field(default_factory=dict)
-    announced: dict[str, dict[str, object]] = field(default_factory=dict)
-    # Increments of status.driftCorrections/driftDetected not yet written, per policy.
-    pending_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     background: list[asyncio.Task] = field(default_factory=list)
-    # Why each policy's queued pass runs (drift, leader, retry): the queue holds one item per
-    # policy, whatever asked for it.
-    queued: dict[str, str] = field(default_factory=dict)
 
-    def enqueue_pass(self, policy_name: str, trigger: str) -> None:
+    def enqueue(self, policy_name: str, trigger: str) -> None:
+        """A pass of the policy, for `trigger` (worker.TRIGGERS): the queue holds one item per
+        policy, whatever asked for it."""
         if self.work is not None:
-            self.queued[policy_name] = trigger
-            self.work.add(("pass", policy_name))
-
-    def lock(self, policy_name: str) -> asyncio.Lock:
-        return self.locks.setdefault(policy_name, asyncio.Lock())
+            self.work.add(policy_name, trigger)
 
     def informers(self) -> list[Informer]:
         return [self.nodes, self.pods, *self.children.informers()]
 
     def forget_policy(self, policy_name: str) -> None:
+        self.records.pop(policy_name, None)
         self.desired.drop(policy_name)
-        self.locks.pop(policy_name, None)
-        self.last_pass.pop(policy_name, None)
-        self.sizings.pop(policy_name, None)
-        self.attention.pop(policy_name, None)
-        self.policies.pop(policy_name, None)
-        self.written_status.pop(policy_name, None)
-        self.announced.pop(policy_name, None)
-        self.reported.pop(policy_name, None)
-        self.pending_counts.pop(policy_name, None)
-        self.queued.pop(policy_name, None)
+        if self.work is not None:
+            self.work.forget(policy_name)
         if self.measurement is not None:
             self.measurement.configure(None, policy_name)
 
     def forget_leadership(self) -> None:
-        """This replica stopped leading: what it announced and reported is another replica's
-        business now, and is said again if it leads again and finds it still so."""
-        self.reported.clear()
-        self.announced.clear()
-        self.written_status.clear()
+        """This replica stopped leading: what it announced, reported and wrote is another
+        replica's business now, and is said again if it leads again and finds it still so."""
+        for record in self.records.values():
+            record.status, record.reported, record.announced = None, frozenset(), {}
         if self.measurement is not None:
             self.measurement.forget()  # the leader reads the kubelets and exports the gauges

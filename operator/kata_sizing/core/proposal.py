@@ -32,7 +32,7 @@ from fractions import Fraction
 from .calibrate import CalibrationError, Fit, Sample, checked_overhead_block, fit_overhead
 from .defaults import Runtime
 from .headroom import HeadroomThreshold, mib_text
-from .model import KataSizingPolicy, PolicyError, parse_policy
+from .model import KataSizingPolicy, PolicyError, ProposalStatus, ProposedClass, Resources, parse_policy
 from .quantity import MIB, format_mib
 from .sizing import (
     ClassSizing, PolicySizing, SandboxRefused, explain_pod, guest_budget_mib, overhead_function, size_policy,
@@ -280,25 +280,20 @@ def propose(policy: KataSizingPolicy, samples: Sequence[Sample], margin: Decimal
                     host_memory_mib=sizing.overhead.host_memory_mib)
 
 
-def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str) -> dict:
+def proposal_status(policy: KataSizingPolicy, csv_text: str | None, source: str) -> ProposalStatus:
     """status.proposal for a survey's CSV text (None: the ConfigMap or its key is missing)."""
     from .calibrate import parse_samples_csv
 
     if csv_text is None:
-        return {"source": source, "error": f"{source} not found"}
+        return ProposalStatus(source=source, error=f"{source} not found")
     try:
         proposal = propose(policy, parse_samples_csv(csv_text))
     except CalibrationError as exc:
-        return {"source": source, "error": "; ".join(exc.problems)[:1000]}
-    found = {
-        "source": source, "rows": proposal.rows, "overhead": dict(proposal.overhead),
-        "classes": [{
-            "name": c.name, "podFixed": c.pod_fixed, "podFixedBefore": c.pod_fixed_before, "podsMeasured": c.pods,
-            "headroomWarningBytes": c.warning_line_bytes, "extrapolated": c.extrapolated,
-            **({"minHeadroomBytes": c.min_headroom_bytes} if c.min_headroom_bytes is not None else {}),
-            **({"refuted": list(c.refuted)} if c.refuted else {}),
-        } for c in proposal.classes],
-        "hostRaisedMiB": proposal.host_raised_mib,
-        "notes": list(proposal.notes),
-    }
-    return found
+        return ProposalStatus(source=source, error="; ".join(exc.problems)[:1000])
+    return ProposalStatus(
+        source=source, rows=proposal.rows, overhead=dict(proposal.overhead),
+        classes=[ProposedClass(
+            name=c.name, pod_fixed=Resources(**c.pod_fixed), pod_fixed_before=Resources(**c.pod_fixed_before),
+            pods_measured=c.pods, min_headroom_bytes=c.min_headroom_bytes, headroom_warning_bytes=c.warning_line_bytes,
+            extrapolated=c.extrapolated, refuted=list(c.refuted)) for c in proposal.classes],
+        host_raised_mib=proposal.host_raised_mib, notes=list(proposal.notes))
