@@ -30,9 +30,6 @@ ADMISSION_KINDS = ("validatingadmissionpolicies,mutatingadmissionpolicies,"
                    "validatingadmissionpolicybindings,mutatingadmissionpolicybindings")
 # Every step of a teardown must finish in this long: a step waiting on a finalizer does not.
 STEP_TIMEOUT = "60s"
-# The finalizer kopf held on every policy for the operator's own cleanup; the garbage collector
-# does that cleanup, and an operator that holds none takes an old one off.
-LEGACY_FINALIZER = "katasizing.dev/cleanup"
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +81,7 @@ def delete_install(cp: ControlPlane) -> None:
 
 def delete_policies(cp: ControlPlane) -> None:
     if cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME) is not None:
-        step(cp, "delete", "ksp", "--all", "--ignore-not-found")
+        step(cp, "delete", "ksp", "--all", "--ignore-not-found", "--cascade=foreground")
 
 
 def sweep(cp: ControlPlane) -> None:
@@ -123,16 +120,9 @@ def test_a_teardown_in_any_order_leaves_nothing_stuck_nothing_enforcing_nothing_
             return len(found) == 2 and all((p.get("status") or {}).get("observedGeneration") for p in found)
         poll(reconciled, 30, "both policies reconciled")
         poll(lambda: not admitted(cp), 30, "the opted-in pod that fits no class is refused")
-        held = [p["metadata"]["name"] for p in cp.items("/apis/katasizing.dev/v1alpha1/katasizingpolicies").values()
-                if LEGACY_FINALIZER in (p["metadata"].get("finalizers") or [])]
-        if held and order != "policies-first":
-            # The operator of this tree still holds its finalizer: with the operator gone first the
-            # policies would wait for it forever. Left as docs/install.md's first order leaves it.
-            delete_policies(cp)
-            operator.stop()
-            delete_install(cp)
-            pytest.skip(f"the operator still puts {LEGACY_FINALIZER} on policies ({', '.join(held)}): the "
-                        f"{order} teardown runs once it no longer does")
+        # Nothing for a teardown to wait on: the operator puts no finalizer on a policy.
+        assert [p["metadata"].get("finalizers") for p in cp.items(
+            "/apis/katasizing.dev/v1alpha1/katasizingpolicies").values()] == [None, None]
         shared = cp.kubectl("get", "validatingadmissionpolicies,mutatingadmissionpolicies", "-l", SHARED,
                             "-o", "name").stdout.split()
         assert len(shared) == 3, "the install holds the shared admission policies"
