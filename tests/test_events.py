@@ -36,7 +36,7 @@ def _live(body: dict, live_m: str) -> dict:
     handler (changed), foreign (somebody else's, same name) or equal."""
     objects = {}
     rendered = render_policy(parse_policy(body))
-    for obj in [*rendered.runtime_classes, *rendered.configmaps, *rendered.admission]:
+    for obj in [*rendered.runtime_classes, *rendered.configmaps, *rendered.admission, *rendered.shared]:
         obj = copy.deepcopy(obj)
         obj["metadata"].update(uid=f"uid-{obj['metadata']['name']}", resourceVersion="5")
         objects[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = obj
