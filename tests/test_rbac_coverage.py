@@ -113,6 +113,10 @@ def _broad_scenario(cluster) -> None:
              {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": []}, "mutations": []})):
         emu.objects(f"admissionregistration.k8s.io/v1/{kind}").create(
             {"metadata": {"name": name, "labels": labels}, "spec": spec})
+    # ...and its parameters ConfigMap, which the drop-ins ConfigMap holds now: the upgraded
+    # operator deletes it.
+    emu.objects(CONFIG_MAPS).create({"metadata": {"name": "qemu-rs-admission", "namespace": OUTPUT_NAMESPACE,
+                                                  "labels": labels}, "data": {"policy": "qemu-rs"}}, OUTPUT_NAMESPACE)
     # As the Deployment runs it: leader-elected (the Lease's verbs are exercised too).
     cluster.start(resync_s=0.5, lease=LeaseOptions(namespace=OUTPUT_NAMESPACE, identity="rbac-check"))
     wait_for(lambda: emu.objects("leases").get("kata-sizing", OUTPUT_NAMESPACE), 10)
@@ -122,6 +126,7 @@ def _broad_scenario(cluster) -> None:
     for kind, name in (("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope"),
                        ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route")):
         wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name) is None)
+    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-admission", OUTPUT_NAMESPACE) is None)
     taken = example()
     taken["metadata"]["name"] = "taken"
     taken["spec"]["output"] = {"namespace": "other"}
@@ -196,9 +201,10 @@ def _broad_scenario(cluster) -> None:
         wait_for(lambda path=path, name=name, shared=shared: emu.objects(path).get(name)["spec"]["policyName"] == shared)
     edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
     wait_for(lambda: (emu.objects(POLICIES).get("report").get("status") or {}).get("driftDetected"))
-    # Admission switched off: the policy's bindings and parameters are deleted.
+    # Admission switched off: the policy's bindings are deleted.
     update_spec(emu, "qemu-rs", lambda spec: spec.update(admission={"enabled": False}))
-    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-admission", OUTPUT_NAMESPACE) is None)
+    wait_for(lambda: emu.objects("admissionregistration.k8s.io/v1/validatingadmissionpolicybindings").get(
+        "kata-sizing-qemu-rs-envelope") is None)
     settle(emu)
 
     # Deletion: nothing of the operator's (the garbage collector removes what it made).
