@@ -607,17 +607,24 @@ def _mib_text(size_bytes: int) -> str:
     return mib_text(size_bytes)
 
 
-def cmd_survey(args: argparse.Namespace) -> int:
-    """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
+def _sized_policy(args: argparse.Namespace, most_timeout_s: float):
+    """The policy `survey` and `probe` measure, sized (an invalid one refused), after their --timeout."""
     from .core.sizing import size_policy
-    from .core.survey import PodIndex, SurveyInputError, readings_from, survey_rows, to_csv
 
-    if not 0 < args.timeout <= 600:
-        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 600")
+    if not 0 < args.timeout <= most_timeout_s:
+        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most {most_timeout_s:g}")
     policy = _chosen_policy(args, args.policy)
     sizing = size_policy(policy)
     if sizing.errors:
         raise PolicyError([str(p) for p in sizing.errors])
+    return policy, sizing
+
+
+def cmd_survey(args: argparse.Namespace) -> int:
+    """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
+    from .core.survey import PodIndex, SurveyInputError, readings_from, survey_rows, to_csv
+
+    policy, sizing = _sized_policy(args, most_timeout_s=600)
     index = PodIndex({c.runtime_class for c in sizing.classes})
     try:
         if args.summary:
@@ -661,16 +668,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
         KATA_ROOT, ProbeError, VmmPaths, config_candidates, describe_row, initramfs, kernel_command_line,
         probe_points, probe_row, report_problem, vm_paths_problem, vmm_paths,
     )
-    from .core.sizing import size_policy
     from .core.survey import COLUMNS, to_csv
     from . import vm
 
-    if not 0 < args.timeout <= 3600:
-        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 3600")
-    policy = _chosen_policy(args, args.policy)
-    sizing = size_policy(policy)
-    if sizing.errors:
-        raise PolicyError([str(p) for p in sizing.errors])
+    policy, sizing = _sized_policy(args, most_timeout_s=3600)
     try:
         problem = None if args.vmm else vm_paths_problem(sizing.hypervisor)
         if problem:
@@ -680,12 +681,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
         elif args.vmm and args.kernel:
             paths = VmmPaths(args.vmm, args.kernel, sizing.hypervisor, "--vmm/--kernel")
         else:
-            found = next((c for c in config_candidates(policy.spec.shim, sizing.runtime, args.kata_root)
-                          if Path(c).is_file()), None)
+            candidates = config_candidates(policy.spec.shim, sizing.runtime, args.kata_root or KATA_ROOT)
+            found = next((c for c in candidates if Path(c).is_file()), None)
             if found is None:
-                raise ProbeError(f"no Kata configuration for shim {policy.spec.shim} under {args.kata_root} (looked at "
-                                 f"{', '.join(config_candidates(policy.spec.shim, sizing.runtime, args.kata_root))}); "
-                                 "give --config KATA.toml, or --vmm and --kernel")
+                raise ProbeError(f"no Kata configuration for shim {policy.spec.shim} under {args.kata_root or KATA_ROOT} "
+                                 f"(looked at {', '.join(candidates)}); give --config KATA.toml, or --vmm and --kernel")
             paths = vmm_paths(read_text(found), found, sizing.hypervisor)
         if args.vmm or args.kernel:
             paths = VmmPaths(args.vmm or paths.vmm, args.kernel or paths.kernel, paths.hypervisor,
@@ -695,7 +695,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             raise ProbeError(f"--memory-dir {args.memory_dir}: not a directory (Kata's QEMU puts guest memory on /dev/shm)")
         points = probe_points(sizing, args.points)
         init = vm.find_init(args.init)
-        rows, lines = [], []
+        rows = []
         with vm.stopped_on_signals(), tempfile.TemporaryDirectory(prefix="kata-sizing-probe-") as scratch:
             workdir = Path(scratch)
             image = workdir / "initramfs.cpio"
@@ -715,9 +715,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                     raise ProbeError(f"VM of {point.vm.memory_mib} MiB (class {point.class_name}): {problem}"
                                      + (f" within {args.timeout:g} s" if result.exit_code is None else ""))
                 rows.append(probe_row(point, result.report, result.host, args.node))
-                line = describe_row(point, result.report, result.host, accelerator)
-                lines.append(line)
-                print(f"note: {line}", file=sys.stderr)
+                print(f"note: {describe_row(point, result.report, result.host, accelerator)}", file=sys.stderr)
     except ProbeError as exc:
         raise InputError(str(exc)) from None
     sys.stdout.write(to_csv(rows, [
@@ -1138,7 +1136,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--policy-name", help="which policy, when the file holds several")
     probe.add_argument("--config", metavar="KATA.toml",
                        help="the node's Kata configuration for the policy's shim (default: found under --kata-root)")
-    probe.add_argument("--kata-root", default="/opt/kata", metavar="DIR", help="where kata-deploy installs (default /opt/kata)")
+    probe.add_argument("--kata-root", metavar="DIR", help="where kata-deploy installs (default /opt/kata)")
     probe.add_argument("--vmm", metavar="PATH", help="the VMM binary (overrides the configuration's path)")
     probe.add_argument("--kernel", metavar="PATH", help="the guest kernel (overrides the configuration's kernel)")
     probe.add_argument("--init", metavar="PATH", help="the probe's init binary (default: $KATA_SIZING_PROBE_INIT or the image's)")

@@ -33,7 +33,6 @@ ALLOCATION_STEP_MIB = 4
 # it: the per-shim layout first (drop-ins in config.d/ beside it), then the flat one.
 KATA_ROOT = "/opt/kata"
 CONFIG_DIR = "share/defaults/kata-containers"
-KATA_HYPERVISORS = ("qemu", "clh", "cloud-hypervisor", "firecracker", "dragonball", "stratovirt")
 
 
 class ProbeError(Exception):
