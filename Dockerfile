@@ -7,6 +7,15 @@
 # Debian's packages: BUILDER_BASE with python3-venv, BASE without it (docs/image.md).
 ARG BUILDER_BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 ARG BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+# Any Go from 1.19 builds the probe's init (operator/probe-init: the standard library only). `make
+# image` passes a local base with Debian's golang-go.
+ARG GO_BUILDER=docker.io/library/golang:1.26-bookworm
+
+FROM ${GO_BUILDER} AS probe-init
+WORKDIR /src
+COPY operator/probe-init/ ./
+# A static binary: it is the init of the VMs `kata-sizing probe` boots (docs/probe.md).
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /probe-init .
 
 FROM ${BUILDER_BASE} AS builder
 
@@ -57,6 +66,7 @@ RUN rm -rf /usr/local/bin/pip /usr/local/bin/pip3 /usr/local/bin/pip3.11 \
 
 COPY --from=builder /opt/kata-sizing /opt/kata-sizing
 COPY templates/ /opt/kata-sizing/templates/
+COPY --from=probe-init /probe-init /usr/lib/kata-sizing/probe-init
 
 # HOME=/tmp: UID 65532 has no passwd entry and /tmp is the only writable mount in the
 # Deployment (read-only root filesystem).

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test fuzz bench crds check-crds tools controlplane node image clean
+.PHONY: demo test fuzz bench crds check-crds tools controlplane node image probe-init clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,11 +63,36 @@ $(PODTOOL): $(wildcard tests/controlplane/podtool/*.go) tests/controlplane/go.mo
 $(NODE_IMAGES)/tools.tar: $(PODTOOL) scripts/node/build-images.py /bin/busybox
 	$(PYTHON) scripts/node/build-images.py --podtool $(PODTOOL) --busybox /bin/busybox --out $(NODE_IMAGES)
 
+# The init of the VMs `kata-sizing probe` boots (operator/probe-init, docs/probe.md): a static Go
+# binary with no dependency but Go's standard library.
+PROBE_INIT := $(TOOLS)/probe-init
+$(PROBE_INIT): operator/probe-init/main.go operator/probe-init/go.mod
+	mkdir -p $(TOOLS)
+	cd operator/probe-init && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(CURDIR)/$(PROBE_INIT) .
+
+probe-init: $(PROBE_INIT)
+
+# The VM tests' image (tests/test_node_vms.py): the tools image plus Debian's QEMU, a guest kernel
+# from Debian's cloud kernel package (scripts/node/fetch-guest-kernel.sh: downloaded, not installed)
+# and the probe's initramfs.
+GUEST_KERNEL := $(TOOLS)/vm/vmlinuz
+$(GUEST_KERNEL): scripts/node/fetch-guest-kernel.sh
+	bash scripts/node/fetch-guest-kernel.sh $(TOOLS)/vm
+
+$(NODE_IMAGES)/vm.tar: $(PODTOOL) $(PROBE_INIT) $(GUEST_KERNEL) scripts/node/build-images.py operator/kata_sizing/core/probe.py /usr/bin/qemu-system-x86_64 | $(STAMP)
+	$(PY) scripts/node/build-images.py --podtool $(PODTOOL) --busybox /bin/busybox --out $(NODE_IMAGES) \
+	  --vm-qemu /usr/bin/qemu-system-x86_64 --vm-kernel $(GUEST_KERNEL) --vm-init $(PROBE_INIT)
+
 node: $(CONTROLPLANE) $(PODTOOL)
 	@bash scripts/node/install-debs.sh
 	@if [ "$$(dpkg-query -W -f='$${db:Status-Status}' busybox-static 2>/dev/null)" = installed ]; then \
 	  $(MAKE) --no-print-directory $(NODE_IMAGES)/tools.tar; \
 	else echo "busybox-static is not installed: no node images, the node tests will skip"; fi
+	@if [ -x /usr/bin/qemu-system-x86_64 ] && [ -x /bin/busybox ]; then \
+	  $(MAKE) --no-print-directory $(PROBE_INIT) $(GUEST_KERNEL); \
+	  if [ -s $(GUEST_KERNEL) ]; then $(MAKE) --no-print-directory $(NODE_IMAGES)/vm.tar; fi; \
+	else echo "QEMU is not installed: no VM image, the VM tests will skip"; fi
+
 
 # The operator's image, built from the Dockerfile without a registry (scripts/image/build.sh;
 # docs/image.md): an OCI archive that `podman load` and `ctr -n k8s.io images import` accept.

@@ -329,6 +329,8 @@ class Node:
         self.kubelet_port = free_port(NODE_IP)
         self.pause_image = image_name(IMAGES / "pause.tar")
         self.tools_image = image_name(IMAGES / "tools.tar")
+        # The VM tests' image (QEMU, a guest kernel, the probe's initramfs), when `make node` built it.
+        self.vm_image = image_name(IMAGES / "vm.tar") if (IMAGES / "vm.tar").exists() else None
         self.start_seconds = 0.0
 
     # --- life cycle -------------------------------------------------------------------
@@ -350,7 +352,7 @@ class Node:
         self._spawn("containerd", "containerd", "--config", str(STATE / "containerd" / "config.toml"))
         poll(lambda: self._alive("containerd") and self.ctr("version", check=False).returncode == 0, 60,
              lambda: f"containerd answers on its socket\n{self.log_tail('containerd')}", interval=0.2)
-        for archive in ("pause.tar", "tools.tar"):
+        for archive in ("pause.tar", "tools.tar", *(("vm.tar",) if self.vm_image else ())):
             self.ctr("images", "import", str(IMAGES / archive))
         labels = ",".join(f"{k}={v}" for k, v in self.config.labels.items())
         # --housekeeping-interval: the kubelet's cAdvisor refreshes a pod's figures every 10 s by

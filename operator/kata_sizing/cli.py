@@ -607,17 +607,24 @@ def _mib_text(size_bytes: int) -> str:
     return mib_text(size_bytes)
 
 
-def cmd_survey(args: argparse.Namespace) -> int:
-    """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
+def _sized_policy(args: argparse.Namespace, most_timeout_s: float):
+    """The policy `survey` and `probe` measure, sized (an invalid one refused), after their --timeout."""
     from .core.sizing import size_policy
-    from .core.survey import PodIndex, SurveyInputError, readings_from, survey_rows, to_csv
 
-    if not 0 < args.timeout <= 600:
-        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most 600")
+    if not 0 < args.timeout <= most_timeout_s:
+        raise InputError(f"--timeout: {args.timeout:g} is not a number of seconds above 0 and at most {most_timeout_s:g}")
     policy = _chosen_policy(args, args.policy)
     sizing = size_policy(policy)
     if sizing.errors:
         raise PolicyError([str(p) for p in sizing.errors])
+    return policy, sizing
+
+
+def cmd_survey(args: argparse.Namespace) -> int:
+    """One measurement of every Kata pod of a policy (docs/measurement.md), as calibrate's CSV."""
+    from .core.survey import PodIndex, SurveyInputError, readings_from, survey_rows, to_csv
+
+    policy, sizing = _sized_policy(args, most_timeout_s=600)
     index = PodIndex({c.runtime_class for c in sizing.classes})
     try:
         if args.summary:
@@ -648,6 +655,79 @@ def cmd_survey(args: argparse.Namespace) -> int:
         "Host side only (the kubelet's Summary); free_total_mib/free_used_mib need `free -m` in the guest.",
         f"Refit with: kata-sizing calibrate THIS.csv --policy {args.policy}",
     ]))
+    return EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Boot the node's VMM and guest kernel at each class's VM sizes and measure the guest side
+    (docs/probe.md), as calibrate's CSV with the guest's columns filled."""
+    import tempfile
+
+    from .core.calibrate import PROBE_COLUMNS
+    from .core.probe import (
+        KATA_ROOT, ProbeError, VmmPaths, config_candidates, describe_row, initramfs, kernel_command_line,
+        probe_points, probe_row, report_problem, vm_paths_problem, vmm_paths,
+    )
+    from .core.survey import COLUMNS, to_csv
+    from . import vm
+
+    policy, sizing = _sized_policy(args, most_timeout_s=3600)
+    try:
+        problem = None if args.vmm else vm_paths_problem(sizing.hypervisor)
+        if problem:
+            raise ProbeError(problem)
+        if args.config:
+            paths = vmm_paths(read_text(args.config), args.config, sizing.hypervisor)
+        elif args.vmm and args.kernel:
+            paths = VmmPaths(args.vmm, args.kernel, sizing.hypervisor, "--vmm/--kernel")
+        else:
+            candidates = config_candidates(policy.spec.shim, sizing.runtime, args.kata_root or KATA_ROOT)
+            found = next((c for c in candidates if Path(c).is_file()), None)
+            if found is None:
+                raise ProbeError(f"no Kata configuration for shim {policy.spec.shim} under {args.kata_root or KATA_ROOT} "
+                                 f"(looked at {', '.join(candidates)}); give --config KATA.toml, or --vmm and --kernel")
+            paths = vmm_paths(read_text(found), found, sizing.hypervisor)
+        if args.vmm or args.kernel:
+            paths = VmmPaths(args.vmm or paths.vmm, args.kernel or paths.kernel, paths.hypervisor,
+                             paths.source, paths.guest_image)
+        vm.check_paths(paths)
+        if not Path(args.memory_dir).is_dir():
+            raise ProbeError(f"--memory-dir {args.memory_dir}: not a directory (Kata's QEMU puts guest memory on /dev/shm)")
+        points = probe_points(sizing, args.points)
+        init = vm.find_init(args.init)
+        rows = []
+        with vm.stopped_on_signals(), tempfile.TemporaryDirectory(prefix="kata-sizing-probe-") as scratch:
+            workdir = Path(scratch)
+            image = workdir / "initramfs.cpio"
+            image.write_bytes(initramfs(init.read_bytes()))
+            if args.accel == "auto":
+                accelerator, why = vm.detect_accelerator(paths, image, workdir, args.memory_dir)
+            else:
+                accelerator, why = args.accel, "--accel"
+            print(f"note: booting {paths.vmm} with {paths.kernel} ({paths.source}) under {accelerator}: {why}",
+                  file=sys.stderr)
+            for number, point in enumerate(points):
+                result = vm.boot(paths, point.vm, accelerator=accelerator, initramfs_path=image,
+                                 memory_dir=args.memory_dir, workdir=workdir, command_line=kernel_command_line(0),
+                                 timeout_s=args.timeout, name=f"vm{number}")
+                problem = report_problem(result.report)
+                if problem:
+                    raise ProbeError(f"VM of {point.vm.memory_mib} MiB (class {point.class_name}): {problem}"
+                                     + (f" within {args.timeout:g} s" if result.exit_code is None else ""))
+                rows.append(probe_row(point, result.report, result.host, args.node))
+                print(f"note: {describe_row(point, result.report, result.host, accelerator)}", file=sys.stderr)
+    except ProbeError as exc:
+        raise InputError(str(exc)) from None
+    sys.stdout.write(to_csv(rows, [
+        f"kata-sizing probe of policy {policy.name}: {len(rows)} VM(s) of {paths.vmm} with {paths.kernel} "
+        f"under {accelerator} ({why}).",
+        "Guest side: MemTotal and used as `free` gives them at boot, workload_allocated_mib what a process could "
+        "allocate and touch before the guest refused it; host side: the VMM's cgroup peak "
+        "(pod_cgroup_memory_current_bytes, once the VM was fully resident) and peak resident memory.",
+        *(["Under TCG the host side holds QEMU's translation cache (tb-size=64 MiB), which KVM does not have."]
+          if accelerator == "tcg" else []),
+        f"Fit with: kata-sizing calibrate THIS.csv --policy {args.policy}",
+    ], columns=(*COLUMNS, *PROBE_COLUMNS)))
     return EXIT_OK
 
 
@@ -1049,6 +1129,25 @@ def build_parser() -> argparse.ArgumentParser:
     survey.add_argument("--policy-name", help="which policy, when the file holds several")
     survey.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per Summary read (default 10)")
     survey.set_defaults(func=cmd_survey)
+
+    probe = sub.add_parser("probe", help="boot the node's VMM and guest kernel at each class's VM sizes and "
+                                         "measure the guest side, as calibrate's CSV")
+    probe.add_argument("policy", metavar="POLICY.yaml")
+    probe.add_argument("--policy-name", help="which policy, when the file holds several")
+    probe.add_argument("--config", metavar="KATA.toml",
+                       help="the node's Kata configuration for the policy's shim (default: found under --kata-root)")
+    probe.add_argument("--kata-root", metavar="DIR", help="where kata-deploy installs (default /opt/kata)")
+    probe.add_argument("--vmm", metavar="PATH", help="the VMM binary (overrides the configuration's path)")
+    probe.add_argument("--kernel", metavar="PATH", help="the guest kernel (overrides the configuration's kernel)")
+    probe.add_argument("--init", metavar="PATH", help="the probe's init binary (default: $KATA_SIZING_PROBE_INIT or the image's)")
+    probe.add_argument("--points", type=int, default=3, metavar="N", help="VM sizes per class (default 3)")
+    probe.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                       help="auto: KVM when a guest runs under it, else TCG")
+    probe.add_argument("--memory-dir", default="/dev/shm", metavar="DIR",
+                       help="where guest memory files go, as Kata's QEMU puts them (default /dev/shm)")
+    probe.add_argument("--node", metavar="NAME", help="the node's name, for the rows")
+    probe.add_argument("--timeout", type=float, default=300.0, metavar="S", help="per VM (default 300)")
+    probe.set_defaults(func=cmd_probe)
 
     audit = sub.add_parser("audit", help="check an existing kata-deploy install's values and RuntimeClasses")
     audit.add_argument("values", metavar="VALUES.yaml", nargs="?", help="kata-deploy Helm values ('-' for stdin)")

@@ -2,9 +2,10 @@
 # `make image`: the operator image built from the project's own Dockerfile without a registry.
 # Usage: scripts/image/build.sh IMAGE_REF ARCHIVE
 #
-# 1. Two base root file systems from Debian's packages (mmdebstrap, bookworm with its updates
-#    and security suites): "runtime" (python3, ca-certificates) for the final stage and
-#    "builder" (the same plus python3-venv) for the stage that creates the venv. Each tarball is
+# 1. Three base root file systems from Debian's packages (mmdebstrap, bookworm with its updates
+#    and security suites): "runtime" (python3, ca-certificates) for the final stage,
+#    "builder" (the same plus python3-venv) for the stage that creates the venv, and "go"
+#    (golang-go) for the stage that builds the probe's init. Each tarball is
 #    named by a hash of what goes into it and kept in .tools/images/base/, so it is built once
 #    per machine until its package list changes; apt's downloads are kept beside it.
 # 2. Each imported into podman's store under .tools/images/podman as
@@ -42,6 +43,8 @@ dpkg_options=(
 )
 runtime_packages=python3,ca-certificates
 builder_packages=$runtime_packages,python3-venv
+# The probe's init (operator/probe-init) builds with Debian's Go (1.19).
+go_packages=golang-go,ca-certificates
 # The published base's configuration (docker-library/python: PATH, LANG) so the Dockerfile's
 # `ENV PATH=...:$PATH` and Python's locale behave as they do on it.
 base_config=(
@@ -81,6 +84,7 @@ base_image() {  # base_image ROLE PACKAGES: prints the local image name, buildin
 
 runtime_base="$(base_image runtime "$runtime_packages")"
 builder_base="$(base_image builder "$builder_packages")"
+go_base="$(base_image go "$go_packages")"
 
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -94,7 +98,7 @@ if [ -f "$ca_bundle" ]; then
   build_mounts+=(--volume "$ca_bundle:/etc/ssl/certs/ca-certificates.crt:ro")
 fi
 "${podman[@]}" build --pull=never --network=host --layers "${build_mounts[@]}" \
-  --build-arg "BUILDER_BASE=$builder_base" --build-arg "BASE=$runtime_base" \
+  --build-arg "BUILDER_BASE=$builder_base" --build-arg "BASE=$runtime_base" --build-arg "GO_BUILDER=$go_base" \
   --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
   --tag "$image_ref" --file Dockerfile .
 rm -f "$archive.partial"

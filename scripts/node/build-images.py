@@ -4,7 +4,12 @@
 - `kata-sizing.test/pause:1`: the pod sandbox image containerd starts first in every pod
   (`podtool pause`: sleeps, reaps orphans, exits on SIGTERM);
 - `kata-sizing.test/tools:1`: podtool (hold N MiB, the in-cluster API client) and Debian's
-  busybox-static (sh, sleep, cat, ...), entry point `sh`.
+  busybox-static (sh, sleep, cat, ...), entry point `sh`;
+- with --vm-qemu, --vm-kernel and --vm-init, `kata-sizing.test/vm:1`: the tools image plus QEMU
+  (the binary, its accelerator modules, the libraries `ldd` names, its firmware directories), a guest kernel at
+  /vm/vmlinuz and the probe's initramfs at /vm/initrd (its init, operator/probe-init): a pod of
+  it runs a VM (tests/test_node_vms.py). Written with the project's venv Python, which has
+  kata_sizing (the initramfs is core/probe.py's).
 
 No image can be pulled on the test machines, so the node imports these into containerd
 (`ctr -n k8s.io images import`). Each archive is an OCI image layout in a tar (oci-layout,
@@ -29,6 +34,10 @@ from pathlib import Path
 
 PAUSE_IMAGE = "kata-sizing.test/pause:1"
 TOOLS_IMAGE = "kata-sizing.test/tools:1"
+VM_IMAGE = "kata-sizing.test/vm:1"
+QEMU_DATA = (Path("/usr/share/qemu"), Path("/usr/share/seabios"))
+# Debian builds QEMU's accelerators (TCG among them) as modules it loads at start.
+QEMU_MODULES = Path("/usr/lib/x86_64-linux-gnu/qemu")
 ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -97,11 +106,62 @@ def write_archive(path: Path, name: str, layers: list[bytes], image_config: dict
     return digest(manifest)
 
 
+def shared_libraries(binary: Path) -> list[Path]:
+    """The libraries and loader `ldd` says `binary` loads, as the paths it loads them from."""
+    found = []
+    for line in subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout.splitlines():
+        words = line.split()
+        path = words[2] if len(words) >= 3 and words[1] == "=>" else words[0]
+        if path.startswith("/"):
+            found.append(Path(path))
+    return found
+
+
+def tree(root: Path) -> list[tuple[str, bytes | str | None, int]]:
+    """Every directory and file under `root`, files dereferenced (Debian links QEMU's firmware
+    between its packages' directories)."""
+    entries: list[tuple[str, bytes | str | None, int]] = [(str(root).lstrip("/"), None, 0o755)]
+    for path in sorted(root.rglob("*")):
+        if path.is_dir():
+            entries.append((str(path).lstrip("/"), None, 0o755))
+        elif path.is_file():
+            entries.append((str(path).lstrip("/"), path.read_bytes(), 0o644))
+    return entries
+
+
+def parents(paths: list[str]) -> list[tuple[str, None, int]]:
+    found = {str(Path(p).parent) for p in paths}
+    dirs = set()
+    for directory in found:
+        while directory not in ("", "."):
+            dirs.add(directory)
+            directory = str(Path(directory).parent)
+    return [(d, None, 0o755) for d in sorted(dirs)]
+
+
+def vm_layer(qemu: Path, kernel: Path, init: Path) -> bytes:
+    from kata_sizing.core.probe import initramfs
+
+    files: list[tuple[str, bytes | str | None, int]] = [("usr/bin/qemu-system-x86_64", qemu.read_bytes(), 0o755)]
+    modules = sorted(QEMU_MODULES.glob("accel-*.so")) if QEMU_MODULES.is_dir() else []
+    libraries = dict.fromkeys(lib for binary in (qemu, *modules) for lib in shared_libraries(binary))
+    files += [(str(lib).lstrip("/"), lib.resolve().read_bytes(), 0o755) for lib in [*libraries, *modules]]
+    for directory in QEMU_DATA:
+        if directory.is_dir():
+            files += tree(directory)
+    files += [("vm/vmlinuz", kernel.read_bytes(), 0o644), ("vm/initrd", initramfs(init.read_bytes()), 0o644)]
+    names = {name for name, _, _ in files}
+    return layer([*[d for d in parents([n for n, c, _ in files if c is not None]) if d[0] not in names], *files])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--podtool", type=Path, required=True)
     parser.add_argument("--busybox", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--vm-qemu", type=Path, help="with --vm-kernel and --vm-init: also the VM image")
+    parser.add_argument("--vm-kernel", type=Path)
+    parser.add_argument("--vm-init", type=Path)
     args = parser.parse_args()
     architecture = ARCHITECTURES.get(platform.machine())
     if architecture is None:
@@ -129,6 +189,13 @@ def main() -> int:
     tools = write_archive(args.out / "tools.tar", TOOLS_IMAGE, [podtool, busybox],
                           {"Entrypoint": ["/bin/sh"], "Env": ["PATH=/bin:/"], "WorkingDir": "/"}, architecture)
     print(f"{PAUSE_IMAGE} {pause}\n{TOOLS_IMAGE} {tools}")
+    if args.vm_qemu:
+        if not (args.vm_kernel and args.vm_init):
+            raise SystemExit("--vm-qemu needs --vm-kernel and --vm-init")
+        vm = write_archive(args.out / "vm.tar", VM_IMAGE, [podtool, busybox, vm_layer(args.vm_qemu, args.vm_kernel, args.vm_init)],
+                           {"Entrypoint": ["/usr/bin/qemu-system-x86_64"], "Env": ["PATH=/usr/bin:/bin:/"],
+                            "WorkingDir": "/"}, architecture)
+        print(f"{VM_IMAGE} {vm}")
     return 0
 
 

@@ -6,7 +6,7 @@
 # `make test` goes on and the node tests skip with one line saying why.
 set -euo pipefail
 
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack busybox-static)
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack busybox-static qemu-system-x86)
 
 missing=()
 for package in "${PACKAGES[@]}"; do

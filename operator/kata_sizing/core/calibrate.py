@@ -70,7 +70,10 @@ HOST_COLUMNS = (
     "pod_cgroup_limit_bytes",
 )
 TEXT_COLUMNS = ("node", "pod", "class")
-_KNOWN = (*TEXT_COLUMNS, *_COLUMNS, *HOST_COLUMNS)
+# Written by `kata-sizing probe` (docs/probe.md): what a workload in the guest could allocate and
+# touch before the guest refused it (MiB), and the VMM's peak resident memory on the host (bytes).
+PROBE_COLUMNS = ("workload_allocated_mib", "vmm_peak_resident_bytes")
+_KNOWN = (*TEXT_COLUMNS, *_COLUMNS, *HOST_COLUMNS, *PROBE_COLUMNS)
 # Required in the header; a row then needs either the guest's figures (free_*) or the
 # kubelet's (the two working sets), see _row_rules.
 _REQUIRED = ("container_limit_mib", "vm_nominal_mib")
@@ -89,7 +92,7 @@ _ALIASES = {
     "free_used": "free_used_mib",
     "pod_cgroup_memory_current_bytes": "pod_cgroup_memory_current_bytes",
     "pod_cgroup_memory_current": "pod_cgroup_memory_current_bytes",
-    **{name: name for name in (*HOST_COLUMNS, *TEXT_COLUMNS)},
+    **{name: name for name in (*HOST_COLUMNS, *TEXT_COLUMNS, *PROBE_COLUMNS)},
     "class_name": "class",
 }
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
@@ -142,8 +145,12 @@ class Sample:
     node: str | None = field(default=None, compare=False)
     pod: str | None = field(default=None, compare=False)
     class_name: str | None = None
+    workload_allocated_mib: Decimal | None = None
+    vmm_peak_resident_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.workload_allocated_mib is not None:
+            object.__setattr__(self, "workload_allocated_mib", Decimal(self.workload_allocated_mib))
         for name in _COLUMNS[:4]:
             value = getattr(self, name)
             if value is None and name in _GUEST:
@@ -151,7 +158,7 @@ class Sample:
             if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
                 raise TypeError(f"{name} must be an int or Decimal, not {value!r}")
             object.__setattr__(self, name, Decimal(value))
-        for name in ("pod_cgroup_memory_current_bytes", *HOST_COLUMNS):
+        for name in ("pod_cgroup_memory_current_bytes", *HOST_COLUMNS, "vmm_peak_resident_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int, not {value!r}")
@@ -171,10 +178,15 @@ class Sample:
     @property
     def unusable_mib(self) -> Fraction | None:
         """Memory of the VM that no container can use: the kernel's share plus daemons (only
-        measured inside the guest)."""
+        measured inside the guest). A probe's row also says what a workload really got before
+        the guest refused it, which is less than `free` suggests by the kernel's free-memory
+        reserve (its watermarks): the larger of the two is what the workload cannot have."""
         if not self.measured_in_guest:
             return None
-        return Fraction(self.vm_nominal_mib - self.free_total_mib + self.free_used_mib)
+        by_free = Fraction(self.vm_nominal_mib - self.free_total_mib + self.free_used_mib)
+        if self.workload_allocated_mib is None:
+            return by_free
+        return max(by_free, Fraction(self.vm_nominal_mib - self.workload_allocated_mib))
 
     @property
     def overhead_used_mib(self) -> Fraction | None:
@@ -203,15 +215,16 @@ class Sample:
 
 
 _UPPER_BOUNDS = (
-    *((name, MAX_MIB, "memory quantity, in MiB") for name in _COLUMNS[:4]),
+    *((name, MAX_MIB, "memory quantity, in MiB") for name in (*_COLUMNS[:4], "workload_allocated_mib")),
     *((name, MAX_BYTES, "figure a kubelet reports: uint64") for name in (_COLUMNS[4], *HOST_COLUMNS)),
+    ("vmm_peak_resident_bytes", MAX_BYTES, "process's resident memory: uint64"),
 )
 
 
 def _row_rules(sample: Sample) -> list[str]:
     problems = [
         f"{name} {getattr(sample, name)} is negative"
-        for name in (*_COLUMNS, *HOST_COLUMNS)
+        for name in (*_COLUMNS, *HOST_COLUMNS, *PROBE_COLUMNS)
         if getattr(sample, name) is not None and getattr(sample, name) < 0
     ]
     problems += [
@@ -234,6 +247,9 @@ def _row_rules(sample: Sample) -> list[str]:
         problems.append("vm_nominal_mib is 0; a VM has memory")
     if total is not None and total > vm:
         problems.append(f"free_total_mib {total} is larger than vm_nominal_mib {vm}")
+    allocated = sample.workload_allocated_mib
+    if allocated is not None and allocated > vm:
+        problems.append(f"workload_allocated_mib {allocated} is larger than vm_nominal_mib {vm}")
     if used is not None and total is not None and used > total:
         problems.append(f"free_used_mib {used} is larger than free_total_mib {total}")
     if sample.container_limit_mib > vm:
@@ -345,6 +361,8 @@ def parse_samples_csv(text: str) -> list[Sample]:
                     pod_working_set_bytes=whole("pod_working_set_bytes"),
                     containers_working_set_bytes=whole("containers_working_set_bytes"),
                     pod_cgroup_limit_bytes=whole("pod_cgroup_limit_bytes"),
+                    workload_allocated_mib=values.get("workload_allocated_mib"),
+                    vmm_peak_resident_bytes=whole("vmm_peak_resident_bytes"),
                     node=texts.get("node"),
                     pod=texts.get("pod"),
                     class_name=texts.get("class"),

@@ -197,19 +197,21 @@ def _row(measurement: PodMeasurement, node: str, class_name: str, sizing: Policy
     ), ""
 
 
-def to_csv(rows: Iterable[Sample], comments: Iterable[str] = ()) -> str:
-    """The rows as the CSV calibrate reads, `#` comment lines first."""
+def to_csv(rows: Iterable[Sample], comments: Iterable[str] = (), columns: tuple[str, ...] = COLUMNS) -> str:
+    """The rows as the CSV calibrate reads, `#` comment lines first (`kata-sizing probe` adds its
+    columns, calibrate.PROBE_COLUMNS)."""
     out = io.StringIO()
     for comment in comments:
         out.write(f"# {comment}\n")
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow([
-            row.node or "", row.pod or "", row.class_name or "",
-            format(row.container_limit_mib, "f"), format(row.vm_nominal_mib, "f"), "", "",
-            *("" if value is None else value for value in (
-                row.pod_cgroup_memory_current_bytes, row.pod_working_set_bytes, row.containers_working_set_bytes,
-                row.pod_cgroup_limit_bytes)),
-        ])
+        writer.writerow([_cell(row, column) for column in columns])
     return out.getvalue()
+
+
+def _cell(row: Sample, column: str) -> str:
+    value = getattr(row, "class_name" if column == "class" else column)
+    if value is None:
+        return ""
+    return format(value, "f") if isinstance(value, Decimal) else str(value)

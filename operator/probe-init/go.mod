@@ -1,0 +1,3 @@
+module kata-sizing.dev/probe-init
+
+go 1.19
