@@ -7,11 +7,15 @@
 # Debian's packages: BUILDER_BASE with python3-venv, BASE without it (docs/image.md).
 ARG BUILDER_BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 ARG BASE=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
-# Any Go from 1.19 builds the probe's init (operator/probe-init: the standard library only). `make
-# image` passes a local base with Debian's golang-go.
-ARG GO_BUILDER=docker.io/library/golang:1.26-bookworm
+# Any Go from 1.19 builds the probe's init (operator/probe-init: the standard library only):
+# by default the same pinned base with Debian bookworm's golang-go (1.19); `make image` passes a
+# local base that has golang-go already.
+ARG GO_BUILDER=docker.io/library/python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${GO_BUILDER} AS probe-init
+RUN command -v go >/dev/null || (apt-get update \
+        && apt-get install --yes --no-install-recommends golang-go=2:1.19~1 \
+        && rm -rf /var/lib/apt/lists/*)
 WORKDIR /src
 COPY operator/probe-init/ ./
 # A static binary: it is the init of the VMs `kata-sizing probe` boots (docs/probe.md).

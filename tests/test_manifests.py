@@ -494,15 +494,16 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_base_images_are_pinned_and_identical() -> None:
-    """Both stages come from build arguments (`make image` passes local bases) whose defaults
-    are the published python image, pinned by digest and the same for both stages."""
+    """Every stage comes from a build argument (`make image` passes local bases) whose default
+    is the published python image, pinned by digest and the same for all stages."""
     instructions = dockerfile_instructions()
     bases = [rest.split()[0] for keyword, rest in instructions if keyword == "FROM"]
-    assert bases == ["${BUILDER_BASE}", "${BASE}"], "builder and final stage"
+    assert bases == ["${GO_BUILDER}", "${BUILDER_BASE}", "${BASE}"], "probe's init, builder and final stage"
     first_from = next(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
     defaults = dict(rest.split("=", 1) for keyword, rest in instructions[:first_from] if keyword == "ARG")
-    # The venv copied from the builder links to the base image's interpreter.
-    assert defaults["BUILDER_BASE"] == defaults["BASE"]
+    # The venv copied from the builder links to the base image's interpreter; the init's stage
+    # installs Debian's Go on the same pinned base.
+    assert defaults["BUILDER_BASE"] == defaults["BASE"] == defaults["GO_BUILDER"]
     reference, _, digest = defaults["BASE"].partition("@")
     image, _, tag = reference.partition(":")
     assert image == "docker.io/library/python"  # fully qualified: it is the base.name label too
@@ -532,7 +533,9 @@ def test_dockerfile_labels_say_source_revision_and_version() -> None:
 
 def test_the_final_image_has_no_pip() -> None:
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
-    builder, final = text.split("\nFROM ", 2)[1:]
+    stages = text.split("\nFROM ")[1:]
+    (builder,) = [stage for stage in stages if stage.split("\n", 1)[0].endswith(" AS builder")]
+    final = stages[-1]
     # The venv copied into the final image loses pip in the builder...
     assert re.search(r"bin/python -m pip uninstall --yes pip", builder)
     # ...and the base image's own pip is removed in the final stage, before anything else runs.

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 
@@ -225,12 +226,17 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         assert "running" in state["state"] and state["restartCount"] == 0, (name, state)
         assert oom_kills(real_node.pod_cgroup(pod)) == 0, name
 
-    # The operator's measurement agrees with each pod cgroup's own figures.
+    # The operator's measurement agrees with each pod cgroup's own figures, once it has read
+    # them after every workload held its limit (a reading from before is of a smaller VM).
+    filled = datetime.now(timezone.utc).replace(microsecond=0)
+
     def agreed() -> dict | None:
         found = {}
         for name, (body, _, limit_mib) in pods.items():
             measured = measured_class(cp, name)
             if measured.get("podsMeasured") != 1 or "minHeadroomBytes" not in measured:
+                return None
+            if datetime.fromisoformat(measured["lastMeasured"].replace("Z", "+00:00")) <= filled:
                 return None
             cgroup = real_node.pod_cgroup(cp.get(real_node.pod_path(body)))
             limit = int((cgroup / "memory.limit_in_bytes").read_text())

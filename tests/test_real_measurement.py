@@ -275,10 +275,13 @@ def cli(cp: ControlPlane, *args) -> subprocess.CompletedProcess:
                           cwd=ROOT)
 
 
-def events(cp: ControlPlane, reason: str) -> list[str]:
+def events(cp: ControlPlane, reason: str, namespace: str) -> list[str]:
+    """The policy's events of this reason about pods of this test's namespace (the events of
+    earlier tests' pods stay in `default` for an hour)."""
     items = cp.request("GET", f"/api/v1/namespaces/default/events?fieldSelector=reason%3D{reason}")["items"]
     return [e["message"] for e in sorted(items, key=lambda e: e["metadata"]["creationTimestamp"])
-            if (e.get("involvedObject") or {}).get("name") == POLICY]
+            if (e.get("involvedObject") or {}).get("name") == POLICY
+            and e.get("message", "").startswith(f"pod {namespace}/")]
 
 
 def test_a_stand_in_near_its_cgroup_limit_raises_the_warning_within_one_interval_and_it_clears(
@@ -294,7 +297,7 @@ def test_a_stand_in_near_its_cgroup_limit_raises_the_warning_within_one_interval
         entry = poll(lambda: (lambda e: e if e and outside_mib(e) >= 32 else None)(pod_entry(real_node, pod)), 60,
                      "the kubelet reports the stand-in", interval=1)
         poll(lambda: measured_class(cp, "s").get("samples"), 3 * INTERVAL_S, "a reading", interval=1)
-        assert events(cp, "HeadroomLow") == []
+        assert events(cp, "HeadroomLow", namespace) == []
         # Grow until half the threshold is left under the cgroup limit (256Mi + podFixed).
         headroom_mib = (256 + pod_fixed) - entry["memory"]["workingSetBytes"] / MIB
         stand_in.hold(int(32 + headroom_mib - threshold_mib / 2))
@@ -305,7 +308,7 @@ def test_a_stand_in_near_its_cgroup_limit_raises_the_warning_within_one_interval
             return (headroom < threshold_mib) == low
         poll(lambda: kubelet_sees(True), 60, "the kubelet reports the pod under its threshold", interval=0.5)
         seen = time.monotonic()
-        warned = poll(lambda: events(cp, "HeadroomLow"), INTERVAL_S + 5, "HeadroomLow within one interval", interval=0.5)
+        warned = poll(lambda: events(cp, "HeadroomLow", namespace), INTERVAL_S + 5, "HeadroomLow within one interval", interval=0.5)
         assert time.monotonic() - seen <= INTERVAL_S + 5
         assert warned[0].startswith(f"pod {namespace}/s-0 (class s) on node {real_node.name}: working set ")
         assert warned[0].endswith(f"under {threshold_mib:.1f}Mi (10% of podFixed.memory): its VMM is close to an OOM kill")
@@ -315,7 +318,7 @@ def test_a_stand_in_near_its_cgroup_limit_raises_the_warning_within_one_interval
         stand_in.hold(8)
         poll(lambda: kubelet_sees(False), 60, "the kubelet reports the pod above its threshold again", interval=0.5)
         seen = time.monotonic()
-        cleared = poll(lambda: events(cp, "HeadroomRecovered"), INTERVAL_S + 5, "HeadroomRecovered", interval=0.5)
+        cleared = poll(lambda: events(cp, "HeadroomRecovered", namespace), INTERVAL_S + 5, "HeadroomRecovered", interval=0.5)
         assert time.monotonic() - seen <= INTERVAL_S + 5
         assert cleared == [f"pod {namespace}/s-0 (class s) on node {real_node.name}: headroom no longer under "
                            f"{threshold_mib:.1f}Mi (10%)"]

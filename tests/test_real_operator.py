@@ -503,7 +503,13 @@ def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_
 
     real_operator.start("--leader-elect")  # as the Deployment runs it: the Role's Lease grants are used too
     body = qemu_rs("rbac")
+    # What an operator before the shared admission policies left for a policy: its parameters
+    # ConfigMap, which the drop-ins ConfigMap holds now. The upgraded operator deletes it.
+    control_plane.create(configmaps(NAMESPACE), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "rbac-admission", "labels": {
+        "app.kubernetes.io/managed-by": "kata-sizing", "katasizing.dev/policy": "rbac"}}, "data": {"policy": "rbac"}})
     create_ready(control_plane, body)
+    poll(lambda: control_plane.get(cm_path("rbac-admission")) is None, 10, "the old parameters ConfigMap deleted")
     name = sorted(runtime_classes(control_plane, "rbac"))[0]
     right = pod_fixed(control_plane, name)
     for _ in range(2):  # the same edit twice: the second DriftCorrected counts on the first (patch events)
@@ -520,10 +526,11 @@ def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_
     body["spec"]["classes"].pop()
     control_plane.apply(body)
     wait_observed(control_plane, "rbac", Ready="True")
-    # Admission switched off: the policy's bindings and their parameters go (delete).
+    # Admission switched off: the policy's bindings go (delete).
     body["spec"]["admission"] = {"enabled": False}
     control_plane.apply(body)
-    poll(lambda: control_plane.get(cm_path("rbac-admission")) is None, 10, "the parameters deleted")
+    poll(lambda: not control_plane.items("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+                                         "katasizing.dev/policy=rbac"), 10, "the bindings deleted")
     control_plane.kubectl("delete", "ksp", "rbac", "--timeout=30s")
     # The leader renews its Lease (an update) every 2 s; run alone, the scenario can end first.
     poll(lambda: any(r.permission == ("coordination.k8s.io", "leases", "update")
