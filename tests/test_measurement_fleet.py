@@ -23,7 +23,8 @@ from tests.summaries import MIB, Figures, json_response, kata_pod, node, set_fig
 pytestmark = pytest.mark.emulator
 
 NODES, PODS_PER_NODE = 100, 40
-SPEED = 3.0  # the 15 s interval takes 5 s: 20 Summaries a second through one process's emulator
+SPEED = 6.0  # the 15 s interval takes 2.5 s: 40 Summaries a second through one process's emulator
+WINDOW_S = 60  # the shortest window: its six slots fill in 10 s here
 INTERVAL_REAL_S = 15 / SPEED
 FAILING, SILENT = "fleet-013", "fleet-027"
 CLASSES = [{"name": "s", "cpu": "1", "memory": "1Gi"}, {"name": "m", "cpu": "2", "memory": "4Gi"},
@@ -79,15 +80,16 @@ def test_a_hundred_nodes_are_each_read_once_per_interval_with_flat_memory(cluste
     emu.serve_node_proxy(kubelet)
     cluster.start(kubelet=KubeletOptions(access="apiserver", timeout_s=2), measurement_clock=Clock.faster(SPEED))
     body = explicit_classes_policy(classes=CLASSES)
-    body["spec"]["measurement"] = {"intervalSeconds": 15, "windowSeconds": 120}
+    body["spec"]["measurement"] = {"intervalSeconds": 15, "windowSeconds": WINDOW_S}
     cluster.create(body)
     wait_observed(emu, "qemu-rs", timeout=60, Ready="True")
     loop = cluster.memo.state.measurement
 
-    # Wait for a whole interval of reads and one more (a loop running late while the operator
-    # started catches up by then), then count the next two.
+    # Wait for a whole interval of reads, then for the window to fill (every slot holds readings:
+    # the state is at its size; a loop running late while the operator started catches up by
+    # then), then count the next two intervals.
     wait_for(lambda: len(set(reads)) == NODES, 60, lambda: f"{len(set(reads))} nodes read")
-    time.sleep(INTERVAL_REAL_S)
+    time.sleep(WINDOW_S / SPEED)
     state_after_one = (deep_size(loop.state), sum(w.buckets() for w in loop.state.windows.values()))
     start = time.monotonic()
     time.sleep(2 * INTERVAL_REAL_S)

@@ -191,10 +191,10 @@ def test_a_guest_that_never_reports_is_one_line(tmp_path, vmm):
     qemu, kernel, _ = vmm
     # A static binary that is not the probe's init: the guest boots it and says nothing.
     found = probe(tmp_path, "--vmm", str(qemu), "--kernel", str(kernel), "--init", "/bin/busybox", "--accel", "tcg",
-                  "--points", "1", "--timeout", "8")
+                  "--points", "1", "--timeout", "3")
     assert found.returncode == 2
     assert found.stderr.splitlines()[-1] == (
-        "error: VM of 200 MiB (class s): the guest never reported (no init output on its consoles) within 8 s"), found.stderr
+        "error: VM of 200 MiB (class s): the guest never reported (no init output on its consoles) within 3 s"), found.stderr
 
 
 def test_a_probe_stopped_midway_leaves_no_vm_running(tmp_path, vmm):
