@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test fuzz bench crds check-crds tools controlplane node image probe-init clean
+.PHONY: demo test lint fuzz bench crds check-crds tools controlplane node image probe-init clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -117,12 +117,18 @@ demo: $(STAMP)
 # tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1), and the node tests without Go,
 # root and apt-get (KATA_SIZING_REQUIRE_NODE=1). The 25 slowest steps are listed at the end: the
 # suite's budget is 12 minutes on 2 cores (docs/testing.md).
-test: $(STAMP) $(TOOLS)/kubectl $(CRDS)
+test: lint $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory node; \
 	else echo "go not found: the real control plane and the node are not built and their tests will skip"; fi
 	@if bash scripts/image/install-debs.sh; then $(MAKE) --no-print-directory image; \
 	else echo "the image is not built (see the line above) and its tests will skip"; fi
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25
+
+# ruff over the whole tree (pyproject.toml [tool.ruff]) and mypy over core/, controller/ and vm.py
+# ([tool.mypy]); `make test` runs both first, so a lint or type error fails CI.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # The property and hostile-input tests of tests/test_fuzz.py with a larger budget than
 # `make test` gives them (60 inputs per property); hypothesis prints how many it tried.

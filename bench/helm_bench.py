@@ -80,9 +80,10 @@ def import_profile(argv: list[str], runs: int = 5, python: str = sys.executable)
 
 
 def bench_helm(report, quick: bool = False) -> None:
+    import yaml
+
     from kata_sizing.core.model import parse_policy
     from kata_sizing.core.render import render_policy
-    import yaml
 
     chart = os.environ.get("KATA_DEPLOY_CHART")
     if not chart:

@@ -39,7 +39,13 @@ from bench.realserver_bench import _peak_rss_mib, quiet
 from bench.run import ROOT, percentile
 from tests.operator_helpers import explicit_classes_policy
 from tests.realcluster import (
-    BINARY, KUBECTL, OPERATOR_USER, POLICIES, ControlPlane, RealOperator, installed_control_plane,
+    BINARY,
+    KUBECTL,
+    OPERATOR_USER,
+    POLICIES,
+    ControlPlane,
+    RealOperator,
+    installed_control_plane,
 )
 
 Report = Callable[[str, str, str, str], None]

@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,7 +68,8 @@ def _deep_size(root: object) -> int:
 def in_process(report: Report) -> None:
     from kata_sizing.core import bounded
     from kata_sizing.core.headroom import HeadroomThreshold
-    from kata_sizing.core.measure import MeasurementState, kata_pod as measured_pod, read_summary
+    from kata_sizing.core.measure import MeasurementState, read_summary
+    from kata_sizing.core.measure import kata_pod as measured_pod
 
     pods = _fleet_pods()
     bodies = {name: json.dumps(summary(name, on_node, lambda p: Figures(200 * MIB, 150 * MIB))).encode()

@@ -3,7 +3,8 @@ objects (and status) the operator would, and nothing else.
 
 No kopf, no informers, no rendering, no decisions: the requests come ready-made (the objects
 from the operator's own builders and their paths: `bench/limit_bench.py`), and every one is
-sent at once, as far as the connection pool allows; it imports nothing of kata-sizing. The pool is the one the operator's writes go through
+sent at once, as far as the connection pool allows; it imports nothing of kata-sizing. The pool is
+the one the operator's writes go through
 (`controller.kube.CONNECTIONS`), so the two are compared at the same bound. It runs in-process
 (one policy created, one spec changed) or as a process of its own
 (`python -m bench.plain_client BATCHES.json`), which is what a cold start is compared with: an
@@ -39,7 +40,7 @@ class PlainClient:
         self.connections = connections
         self.session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "PlainClient":
+    async def __aenter__(self) -> PlainClient:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self.connections, ssl=self.ssl), headers=self.headers)
         return self

@@ -18,7 +18,14 @@ from pathlib import Path
 from bench.run import percentile, verdict
 from tests.operator_helpers import explicit_classes_policy
 from tests.realcluster import (
-    BINARY, KUBECTL, POLICIES, RUNTIME_CLASSES, ControlPlane, RealOperator, configmaps, installed_control_plane,
+    BINARY,
+    KUBECTL,
+    POLICIES,
+    RUNTIME_CLASSES,
+    ControlPlane,
+    RealOperator,
+    configmaps,
+    installed_control_plane,
 )
 
 Report = Callable[[str, str, str, str], None]

@@ -42,10 +42,12 @@ MODULES = [
     ("argocd", "github.com/argoproj/argo-cd/v3", "v3.6.2",
      "h1:t6RQrVV4hg9M0+lPMsUvi9e4RnYV9dE99/guXGxG6Lc=", ["manifests/crds/application-crd.yaml"]),
     ("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", "v0.94.0",
-     "h1:VxMKzqr8Xqw5/QInNT7a3B5XInPnHqE7SD2UIdwKpRM=", ["example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+     "h1:VxMKzqr8Xqw5/QInNT7a3B5XInPnHqE7SD2UIdwKpRM=",
+     ["example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
              "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"]),
     ("cert-manager", "github.com/cert-manager/cert-manager", "v1.21.2",
-     "h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68=", ["deploy/crds/cert-manager.io_certificates.yaml", "deploy/crds/cert-manager.io_issuers.yaml"]),
+     "h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68=",
+     ["deploy/crds/cert-manager.io_certificates.yaml", "deploy/crds/cert-manager.io_issuers.yaml"]),
 ]
 
 

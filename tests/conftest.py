@@ -33,7 +33,10 @@ def cluster_without_gc(tmp_path, monkeypatch) -> Iterator[OperatorCluster]:
 
 # ---- The real control plane (tests/realcluster.py): `control_plane`, `real_operator` ----
 from tests.realcluster import (  # noqa: E402,F401
-    control_plane, pytest_collection_modifyitems, pytest_runtest_makereport, real_operator,
+    control_plane,
+    pytest_collection_modifyitems,
+    pytest_runtest_makereport,
+    real_operator,
 )
 
 # ---- The real node (tests/realnode.py): `real_node`, `node_config`, `control_plane_address` ----

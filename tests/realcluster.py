@@ -40,7 +40,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator_helpers import terminate, wait_for as poll
+from tests.operator_helpers import terminate
+from tests.operator_helpers import wait_for as poll
 
 ROOT = Path(__file__).resolve().parent.parent
 BINARY = ROOT / ".tools" / "controlplane"

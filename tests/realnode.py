@@ -83,7 +83,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator_helpers import terminate, wait_for as poll
+from tests.operator_helpers import terminate
+from tests.operator_helpers import wait_for as poll
 from tests.realcluster import BINARY, KUBECTL, LOOPBACK, ApiError, ControlPlane, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

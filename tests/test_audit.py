@@ -1,4 +1,5 @@
-"""`kata-sizing audit`: kata-deploy values and live RuntimeClasses against docs/rules.md. Fixtures in tests/fixtures/audit/ are written by hand with the chart's
+"""`kata-sizing audit`: kata-deploy values and live RuntimeClasses against docs/rules.md. Fixtures in
+tests/fixtures/audit/ are written by hand with the chart's
 shape; nothing outside the repository is read."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kata_sizing.cli import load_policies, main
 from kata_sizing.core import defaults
 from kata_sizing.core.audit import (
     AuditError,
@@ -19,7 +21,6 @@ from kata_sizing.core.audit import (
     audit_values,
     runtime_classes_from_documents,
 )
-from kata_sizing.cli import load_policies, main
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.render import render_policy

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing.core import bounded
 from kata_sizing.cli import main
+from kata_sizing.core import bounded
 from kata_sizing.core.model import PolicyError, parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent

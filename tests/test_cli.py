@@ -126,7 +126,8 @@ def test_render_reads_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text()))
     code, out, _ = run(capsys, "render", "-")
     assert code == 0
-    assert len(list(yaml.safe_load_all(out))) == 9  # 2 ConfigMaps (one with the admission parameters), 4 RuntimeClasses, 3 bindings
+    # 2 ConfigMaps (one with the admission parameters), 4 RuntimeClasses, 3 bindings
+    assert len(list(yaml.safe_load_all(out))) == 9
 
 
 SHARED_NOTE = ("note: the bindings name the shared admission policies kata-sizing-memory-limit-v1, "

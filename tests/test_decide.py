@@ -21,7 +21,16 @@ import pytest
 from kata_sizing.controller import conditions as cond
 from kata_sizing.controller.execute import DONE, Outcome, Result
 from kata_sizing.controller.plan import (
-    Gathered, Ownership, Reason, Trigger, Verb, build_desired, decide, intent_of, key_trigger, plan_pass,
+    Gathered,
+    Ownership,
+    Reason,
+    Trigger,
+    Verb,
+    build_desired,
+    decide,
+    intent_of,
+    key_trigger,
+    plan_pass,
 )
 from kata_sizing.controller.status import conclude
 from kata_sizing.core.model import parse_policy

@@ -166,7 +166,7 @@ def test_the_table_covers_every_reason_an_event_is_worded_from():
     from kata_sizing.controller.plan import Reason
 
     reasons = set()
-    for (who, live_m, drift_policy, why, result), _ in ROWS:
+    for (who, live_m, drift_policy, _why, _result), _ in ROWS:
         body = _body(drift_policy, chart=who == "guarded")
         gathered = Gathered(body=body, trigger="drift", intent=intent_of(body), live=_live(body, live_m))
         reasons |= {a.reason for a in plan_pass(gathered).actions}

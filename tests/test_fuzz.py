@@ -24,9 +24,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kata_sizing.cli import main
 from kata_sizing.core import defaults
 from kata_sizing.core.audit import audit_values
-from kata_sizing.cli import main
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes

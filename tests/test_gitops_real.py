@@ -22,7 +22,13 @@ import yaml
 
 from tests.argocd_health import HEALTH, health
 from tests.realcluster import (
-    CRD_NAME, POLICIES, REQUIRE_ENV, ControlPlane, RealOperator, poll, require_binary,
+    CRD_NAME,
+    POLICIES,
+    REQUIRE_ENV,
+    ControlPlane,
+    RealOperator,
+    poll,
+    require_binary,
 )
 from tests.test_chart import CHART, EVERYTHING_ON, find_tool
 from tests.test_gitops import ARGOCD, FLUX, RENDERS, ROOT, documents, objects, wave

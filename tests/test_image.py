@@ -25,7 +25,11 @@ import yaml
 from tests import image as img
 from tests.operator_helpers import wait_for
 from tests.realcluster import (
-    RUNTIME_CLASSES, ControlPlane, delete_policies, free_port, leftovers,
+    RUNTIME_CLASSES,
+    ControlPlane,
+    delete_policies,
+    free_port,
+    leftovers,
 )
 
 pytestmark = pytest.mark.image

@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp.web
 import pytest
 
-from kata_sizing.controller.kubelet import DirectKubelets, KubeletError, KubeletOptions
 from kata_sizing.controller.cluster import kubelet_endpoint
+from kata_sizing.controller.kubelet import DirectKubelets, KubeletError, KubeletOptions
 from kata_sizing.controller.measurement import Clock
 from tests.operator_helpers import explicit_classes_policy, status, wait_for, wait_observed
 from tests.summaries import MIB, Figures, kata_pod, node, summary
@@ -74,7 +74,7 @@ class FakeKubelet:
                 handler.transport.abort()
         await runner.cleanup()
 
-    def __enter__(self) -> "FakeKubelet":
+    def __enter__(self) -> FakeKubelet:
         self._thread.start()
         assert self._ready.wait(10)
         return self

@@ -22,8 +22,15 @@ from hypothesis import strategies as st
 
 from kata_sizing.core.headroom import HeadroomThreshold
 from kata_sizing.core.measure import (
-    ClassWindow, KataPod, MeasurementState, NodeReading, PodMeasurement, QuantileSketch,
-    SummaryError, kata_pod, read_summary,
+    ClassWindow,
+    KataPod,
+    MeasurementState,
+    NodeReading,
+    PodMeasurement,
+    QuantileSketch,
+    SummaryError,
+    kata_pod,
+    read_summary,
 )
 
 MIB = 1024 * 1024
@@ -460,7 +467,7 @@ def test_the_state_counts_pods_per_class_and_lists_the_ones_under_threshold():
     assert state.pods_without_limit("kata-qemu-rs-s") == 1
     low = state.low_headroom(KATA)
     # batch: 5 MiB left against 10% of its own podFixed (200Mi): 20 MiB.
-    assert [(l.pod, l.headroom_bytes, l.threshold_bytes) for l in low] == [
+    assert [(p.pod, p.headroom_bytes, p.threshold_bytes) for p in low] == [
         ("jobs/batch-8h2kd", (2048 + 64 + 200) * MIB - 2419064832, 20 * MIB)]
     message = low[0].message("l", HeadroomThreshold())
     assert message == ("pod jobs/batch-8h2kd (class l) on node kata-node-1: working set 2307.0Mi of its cgroup "
@@ -486,7 +493,7 @@ def test_a_class_not_measured_is_ignored_and_a_fixed_threshold_applies_to_every_
     thresholds = {"kata-qemu-rs-m": (HeadroomThreshold.parse("300Mi"), 358 * MIB)}
     state.add_reading(reading(), 1000.0, {"kata-qemu-rs-m": 60.0}, thresholds)
     assert set(state.windows) == {"kata-qemu-rs-m"}
-    assert [l.pod for l in state.low_headroom(KATA)] == ["shop/web-7d9c4b8f6d-x2lqk"]  # 276.5Mi < 300Mi
+    assert [p.pod for p in state.low_headroom(KATA)] == ["shop/web-7d9c4b8f6d-x2lqk"]  # 276.5Mi < 300Mi
 
 
 def test_the_state_does_not_grow_with_pods_or_readings():

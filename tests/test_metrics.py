@@ -15,12 +15,18 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kata_sizing.controller import handlers, metrics
 from kata_sizing.cli import build_parser
+from kata_sizing.controller import handlers, metrics
 from kata_sizing.controller.kube import ApiException, _translate
 from kata_sizing.controller.operator_main import MetricsOptions, configure_logging, install_metrics
 from tests.operator_helpers import (
-    RUNTIME_CLASSES, edit, example, settle, status, wait_for, wait_observed,
+    RUNTIME_CLASSES,
+    edit,
+    example,
+    settle,
+    status,
+    wait_for,
+    wait_observed,
 )
 
 
@@ -155,7 +161,7 @@ def test_api_errors_are_counted_by_status(status_code):
 
 def test_an_unanswered_call_counts_as_status_none():
     before = value(registry_text(), "kata_sizing_api_errors_total", status="none")
-    _translate(asyncio.TimeoutError(), "list pods")
+    _translate(TimeoutError(), "list pods")
     assert value(registry_text(), "kata_sizing_api_errors_total", status="none") == before + 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from pydantic import ValidationError
 
 from kata_sizing.core import defaults
 from kata_sizing.core.defaults import Runtime
@@ -345,7 +346,7 @@ def test_a_live_object_with_a_bad_spec_still_reports_the_spec_path():
 
 def test_policies_are_immutable():
     policy = parse_policy(_doc({"shim": "qemu"}))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         policy.spec.shim = "clh"  # type: ignore[misc]
 
 

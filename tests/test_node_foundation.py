@@ -82,7 +82,8 @@ def test_the_node_is_ready_and_reports_v1_37_2(real_node: Node, tmp_path: Path) 
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text('apiVersion: v2\nname: probe\nversion: 0.1.0\nkubeVersion: ">=1.37.2-0 <1.37.3-0"\n')
     (chart / "templates" / "seen.yaml").write_text(
-        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: seen}\ndata: {kubeVersion: "{{ .Capabilities.KubeVersion.Version }}"}\n')
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: seen}\n'
+        'data: {kubeVersion: "{{ .Capabilities.KubeVersion.Version }}"}\n')
     helm = subprocess.run([str(HELM), "template", "probe", str(chart), "--dry-run=server",
                            f"--kubeconfig={real_node.cp.admin_kubeconfig}"], capture_output=True, text=True, timeout=60)
     assert helm.returncode == 0, helm.stderr

@@ -27,8 +27,21 @@ import yaml
 from kata_sizing.core.podfit import SHARED_NAMES
 from tests import image as img
 from tests.nodeoperator import (
-    NAMESPACE, POLICY_FILE, RELEASE, SCHEDULING_HANDLER, OperatorRelease, cached_objects, cli, events,
-    informer_objects, installed_release, policy_gauges, policy_runtime_classes, rendered, rendered_guidance, total,
+    NAMESPACE,
+    POLICY_FILE,
+    RELEASE,
+    SCHEDULING_HANDLER,
+    OperatorRelease,
+    cached_objects,
+    cli,
+    events,
+    informer_objects,
+    installed_release,
+    policy_gauges,
+    policy_runtime_classes,
+    rendered,
+    rendered_guidance,
+    total,
 )
 from tests.operator_helpers import wait_for as poll
 from tests.realcluster import POLICIES, RUNTIME_CLASSES, WRITE_VERBS, configmaps
@@ -272,7 +285,8 @@ def test_a_pod_over_every_envelope_is_refused_at_admission(release: OperatorRele
         (finding,) = explained["admission"]["findings"]
         refused = create_pod(node, body)
         assert refused.returncode != 0, refused.stdout
-        assert f"ValidatingAdmissionPolicy '{SHARED_NAMES['envelope']}' with binding 'kata-sizing-{NAME}-envelope'" in refused.stderr, \
+        envelope = f"ValidatingAdmissionPolicy '{SHARED_NAMES['envelope']}' with binding 'kata-sizing-{NAME}-envelope'"
+        assert envelope in refused.stderr, \
             refused.stderr
         assert finding["message"] in refused.stderr, (finding, refused.stderr)
         assert node.cp.get(node.pod_path(body)) is None

@@ -26,9 +26,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -211,7 +210,7 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         cp.create(f"/api/v1/namespaces/{node_namespace}/pods", body)
         pods[sized.name] = (body, vm, limit_mib)
     reports = {}
-    for name, (body, vm, limit_mib) in pods.items():
+    for name, (body, _vm, limit_mib) in pods.items():
         report = poll(lambda: (lambda r: r if r.outcome else None)(parse_console(console(real_node, body))), 180,
                       lambda: f"the VM of class {name} reports: {console(real_node, body)[-600:]}; pod status "
                               f"{json.dumps((cp.get(real_node.pod_path(body)) or {}).get('status'))[-1500:]}",
@@ -219,7 +218,7 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         # The guest budget is right: the workload holds its whole limit inside the VM.
         assert (report.outcome, report.held_mib) == ("reached", limit_mib), (name, report)
         reports[name] = report
-    for name, (body, vm, limit_mib) in pods.items():
+    for name, (body, _, _) in pods.items():
         pod = real_node.cp.get(real_node.pod_path(body))
         state = pod["status"]["containerStatuses"][0]
         # podFixed covers the host side: the VMM runs on, never OOM-killed.
@@ -228,11 +227,11 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
 
     # The operator's measurement agrees with each pod cgroup's own figures, once it has read
     # them after every workload held its limit (a reading from before is of a smaller VM).
-    filled = datetime.now(timezone.utc).replace(microsecond=0)
+    filled = datetime.now(UTC).replace(microsecond=0)
 
     def agreed() -> dict | None:
         found = {}
-        for name, (body, _, limit_mib) in pods.items():
+        for name, (body, _, _) in pods.items():
             measured = measured_class(cp, name)
             if measured.get("podsMeasured") != 1 or "minHeadroomBytes" not in measured:
                 return None

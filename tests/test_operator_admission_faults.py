@@ -13,7 +13,14 @@ from kata_sizing.core.podfit import SHARED_NAMES
 from tests.conftest import _operator_cluster
 from tests.harness.emulator import default_resources
 from tests.operator_helpers import (
-    counter, edit, event_messages, explicit_classes_policy, settle, status, wait_for, wait_observed,
+    counter,
+    edit,
+    event_messages,
+    explicit_classes_policy,
+    settle,
+    status,
+    wait_for,
+    wait_observed,
 )
 
 pytestmark = pytest.mark.emulator

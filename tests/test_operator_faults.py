@@ -10,8 +10,22 @@ import pytest
 from kata_sizing.controller import conditions as cond
 from kata_sizing.controller import kube
 from tests.operator_helpers import (
-    CONFIG_MAPS, OUTPUT_NAMESPACE, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example,
-    get_cm, pod_fixed, runtime_classes, settle, stays, wait_for, wait_observed,
+    CONFIG_MAPS,
+    OUTPUT_NAMESPACE,
+    RC_PATH,
+    RUNTIME_CLASSES,
+    config_maps,
+    counter,
+    edit,
+    event_messages,
+    example,
+    get_cm,
+    pod_fixed,
+    runtime_classes,
+    settle,
+    stays,
+    wait_for,
+    wait_observed,
 )
 
 pytestmark = pytest.mark.emulator

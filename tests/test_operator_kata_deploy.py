@@ -12,8 +12,24 @@ from kata_sizing.controller import conditions as cond
 from kata_sizing.core.render import POLICY_LABEL
 from tests.kata_deploy_chart import FACTS, chart_runtime_classes, instance_marker
 from tests.operator_helpers import (
-    CM_PATH, CONFIG_MAPS, OUTPUT_NAMESPACE, RC_PATH, RUNTIME_CLASSES, counter, describe_writes, edit,
-    event_messages, example, get_cm, get_rc, pod_fixed, runtime_classes, settle, stays, wait_for, wait_observed,
+    CM_PATH,
+    CONFIG_MAPS,
+    OUTPUT_NAMESPACE,
+    RC_PATH,
+    RUNTIME_CLASSES,
+    counter,
+    describe_writes,
+    edit,
+    event_messages,
+    example,
+    get_cm,
+    get_rc,
+    pod_fixed,
+    runtime_classes,
+    settle,
+    stays,
+    wait_for,
+    wait_observed,
     writes,
 )
 

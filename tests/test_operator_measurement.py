@@ -15,7 +15,12 @@ from kata_sizing.controller import metrics
 from kata_sizing.controller.kubelet import KubeletOptions
 from kata_sizing.controller.measurement import Clock
 from tests.operator_helpers import (
-    event_messages, explicit_classes_policy, status, update_spec, wait_for, wait_observed,
+    event_messages,
+    explicit_classes_policy,
+    status,
+    update_spec,
+    wait_for,
+    wait_observed,
 )
 from tests.summaries import MIB, Figures, json_response, kata_pod, node, summary
 
@@ -204,8 +209,8 @@ def test_the_off_switch_stops_the_reads_and_removes_the_section(cluster):
 
 
 def test_a_survey_in_a_configmap_is_proposed_in_status_and_never_applied(cluster):
-    from kata_sizing.core.sizing import explain_pod, size_policy
     from kata_sizing.core.model import parse_policy
+    from kata_sizing.core.sizing import explain_pod, size_policy
 
     emu = cluster.emu
     emu.objects("v1/namespaces").create({"metadata": {"name": "kata-sizing"}})

@@ -20,8 +20,22 @@ from kata_sizing.controller import handlers
 from kata_sizing.controller.leader import LeaseOptions
 from tests.harness import KopfThread
 from tests.operator_helpers import (
-    CM_PATH, LEASE_PATH, RC_PATH, RUNTIME_CLASSES, config_maps, counter, edit, event_messages, example, pod_fixed, runtime_classes,
-    settle, stays, terminate, wait_for, wait_observed,
+    CM_PATH,
+    LEASE_PATH,
+    RC_PATH,
+    RUNTIME_CLASSES,
+    config_maps,
+    counter,
+    edit,
+    event_messages,
+    example,
+    pod_fixed,
+    runtime_classes,
+    settle,
+    stays,
+    terminate,
+    wait_for,
+    wait_observed,
 )
 
 pytestmark = pytest.mark.emulator
@@ -131,7 +145,8 @@ def test_a_leader_killed_mid_reconcile_is_replaced_and_nothing_is_made_twice(clu
         procs[0].wait(10)
         at_kill = len(emu.request_log)
         created_by_a = {r.body["metadata"]["name"] for r in emu.request_log
-                        if r.method == "POST" and r.status == 201 and r.body and r.body.get("kind") in ("RuntimeClass", "ConfigMap")}
+                        if r.method == "POST" and r.status == 201 and r.body
+                        and r.body.get("kind") in ("RuntimeClass", "ConfigMap")}
         assert 0 < len(created_by_a) < len(RC_NAMES | CM_NAMES), "the kill did not land mid-pass"
 
         wait_for(lambda: (lease_holder(emu) or "").startswith("b_"), 3 * LEASE_S, "the Lease was not taken over")
@@ -152,7 +167,7 @@ def test_a_leader_killed_mid_reconcile_is_replaced_and_nothing_is_made_twice(clu
     finally:
         for proc in procs:
             terminate(proc, 15)
-    for proc, name in zip(procs[1:], ["b"]):
+    for _, name in zip(procs[1:], ["b"]):
         text = (tmp_path / f"{name}.log").read_text()
         assert "connector is None" not in text and "Traceback" not in text, text[-3000:]
 
@@ -166,8 +181,8 @@ def test_the_waiting_replica_serves_the_webhook_and_keeps_serving_through_a_hand
     posted to the other replica during the handover is answered, before and after it leads."""
     import threading
 
-    from kata_sizing.controller.policy_webhook import admission_problems
     from kata_sizing.controller.operator_main import WebhookOptions, configure_webhook
+    from kata_sizing.controller.policy_webhook import admission_problems
     from tests.test_webhook import Webhook, free_port, invalid_body, write_self_signed_cert
 
     emu = cluster.emu

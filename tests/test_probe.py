@@ -14,16 +14,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing.core.calibrate import parse_samples_csv
+from kata_sizing.core.calibrate import PROBE_COLUMNS, parse_samples_csv
 from kata_sizing.core.model import Runtime, parse_policy
 from kata_sizing.core.probe import (
-    HostFigures, ProbeError, ProbePoint, config_candidates, initramfs, kernel_command_line, parse_console,
-    probe_points, probe_row, report_problem, vm_command, vmm_paths,
+    HostFigures,
+    ProbeError,
+    ProbePoint,
+    config_candidates,
+    initramfs,
+    kernel_command_line,
+    parse_console,
+    probe_points,
+    probe_row,
+    report_problem,
+    vm_command,
+    vmm_paths,
 )
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
 from kata_sizing.core.survey import COLUMNS, to_csv
-from kata_sizing.core.calibrate import PROBE_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "p"},
@@ -79,7 +88,8 @@ def test_a_row_reads_back_through_calibrate_with_the_probe_columns():
 def test_a_cgroup_peak_below_the_vm_says_nothing_of_the_host_side():
     point = ProbePoint("s", Decimal(1), 64, Vm(1, 256))
     assert probe_row(point, parse_console(CONSOLE), HostFigures(None, 255 * MIB), None).pod_cgroup_memory_current_bytes is None
-    assert probe_row(point, parse_console(CONSOLE), HostFigures(None, 300 * MIB), None).pod_cgroup_memory_current_bytes == 300 * MIB
+    row = probe_row(point, parse_console(CONSOLE), HostFigures(None, 300 * MIB), None)
+    assert row.pod_cgroup_memory_current_bytes == 300 * MIB
 
 
 def test_points_are_each_class_s_smallest_and_largest_pods_as_explain_gives_them():
@@ -96,7 +106,9 @@ def test_points_are_each_class_s_smallest_and_largest_pods_as_explain_gives_them
 
 
 def test_the_kata_configuration_gives_the_vmm_and_kernel_or_says_what_is_missing():
-    text = '[hypervisor.qemu]\npath = "/opt/kata/bin/qemu-system-x86_64"\nkernel = "/opt/kata/share/kata-containers/vmlinux.container"\nimage = "/opt/kata/share/kata-containers/kata-containers.img"\n'
+    text = ('[hypervisor.qemu]\npath = "/opt/kata/bin/qemu-system-x86_64"\n'
+            'kernel = "/opt/kata/share/kata-containers/vmlinux.container"\n'
+            'image = "/opt/kata/share/kata-containers/kata-containers.img"\n')
     found = vmm_paths(text, "c.toml", "qemu")
     assert (found.vmm, found.kernel, found.guest_image) == (
         "/opt/kata/bin/qemu-system-x86_64", "/opt/kata/share/kata-containers/vmlinux.container",
@@ -151,10 +163,13 @@ def probe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, line", [
     (["--kata-root", "/nonexistent"], "error: no Kata configuration for shim qemu-runtime-rs under /nonexistent (looked at "
                                       "/nonexistent/share/defaults/kata-containers/runtime-rs/runtimes/qemu-runtime-rs/"),
-    (["--vmm", "/nonexistent/qemu", "--kernel", "/bin/sh"], "error: the VMM /nonexistent/qemu (from --vmm/--kernel) is not an executable file"),
-    (["--vmm", "/bin/sh", "--kernel", "/nonexistent"], "error: the guest kernel /nonexistent (from --vmm/--kernel) is not a file"),
+    (["--vmm", "/nonexistent/qemu", "--kernel", "/bin/sh"],
+     "error: the VMM /nonexistent/qemu (from --vmm/--kernel) is not an executable file"),
+    (["--vmm", "/bin/sh", "--kernel", "/nonexistent"],
+     "error: the guest kernel /nonexistent (from --vmm/--kernel) is not a file"),
     (["--vmm", "/bin/sh", "--kernel", "/bin/sh", "--init", "/nonexistent"], "error: --init /nonexistent: no such file"),
-    (["--vmm", "/bin/sh", "--kernel", "/bin/sh", "--memory-dir", "/nonexistent"], "error: --memory-dir /nonexistent: not a directory"),
+    (["--vmm", "/bin/sh", "--kernel", "/bin/sh", "--memory-dir", "/nonexistent"],
+     "error: --memory-dir /nonexistent: not a directory"),
     (["--points", "0", "--vmm", "/bin/sh", "--kernel", "/bin/sh"], "error: --points 0: at least 1 VM per class"),
 ])
 def test_bad_paths_are_one_line_and_exit_2(tmp_path, args, line):

@@ -18,8 +18,8 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from kata_sizing.core import bounded, defaults
 from kata_sizing.cli import main
+from kata_sizing.core import bounded, defaults
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.model import PolicyError, parse_policy
 from kata_sizing.core.quantity import MIB, memory_bytes
@@ -392,7 +392,9 @@ import csv  # noqa: E402
 from kata_sizing.core.calibrate import parse_samples_csv  # noqa: E402
 from kata_sizing.core.measure import KataPod, read_summary  # noqa: E402
 from kata_sizing.core.survey import SurveyInputError, index_pods, readings_from, survey_rows, to_csv  # noqa: E402
-from tests.summaries import Figures, kata_pod as pod_document, summary as summary_document  # noqa: E402
+from tests.summaries import Figures  # noqa: E402
+from tests.summaries import kata_pod as pod_document  # noqa: E402
+from tests.summaries import summary as summary_document  # noqa: E402
 
 _SURVEY_POLICY = parse_policy({"metadata": {"name": "p"}, "spec": {
     "shim": "qemu-runtime-rs", "classes": [{"name": "s", "cpu": "1", "memory": "1Gi"}]}})

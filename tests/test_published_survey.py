@@ -182,7 +182,7 @@ def test_calibrate_and_render_propose_the_same_with_the_policys_margin(capsys, f
                        "--margin", "0.05")
     with_flag = json.loads(out)
     code, out, _ = run(capsys, "render", files["refit"], "--proposal", files["dir"] / "survey.csv", "--margin", "0.05")
-    assert with_flag["margin"] == "0.05" and f"#   margin: '0.05'" in out
+    assert with_flag["margin"] == "0.05" and "#   margin: '0.05'" in out
     assert f"#   guestMemoryBase: {with_flag['overhead']['guestMemoryBase']}" in out
 
 

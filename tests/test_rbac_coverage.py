@@ -12,15 +12,29 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator_helpers import (
-    CONFIG_MAPS, OUTPUT_NAMESPACE, POLICIES, RUNTIME_CLASSES, edit, example, explicit_classes_policy,
-    get_rc, pod_fixed, settle, update_spec, wait_for, wait_observed,
-)
 from kata_sizing.controller.leader import LeaseOptions
-from kata_sizing.core.render import MANAGED_BY_LABEL
 from kata_sizing.core.podfit import SHARED_NAMES
+from kata_sizing.core.render import MANAGED_BY_LABEL
+from tests.operator_helpers import (
+    CONFIG_MAPS,
+    OUTPUT_NAMESPACE,
+    POLICIES,
+    RUNTIME_CLASSES,
+    edit,
+    example,
+    explicit_classes_policy,
+    get_rc,
+    pod_fixed,
+    settle,
+    update_spec,
+    wait_for,
+    wait_observed,
+)
 from tests.test_manifests import (
-    APPLICATION_PERMISSIONS, FRAMEWORK_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, granted_permissions,
+    APPLICATION_PERMISSIONS,
+    FRAMEWORK_PERMISSIONS,
+    LEADER_ELECTION_PERMISSIONS,
+    granted_permissions,
 )
 
 pytestmark = pytest.mark.emulator
@@ -31,7 +45,8 @@ Triple = tuple[str, str, str]  # (apiGroup, resource, verb); "" is the core grou
 NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
     ("", "nodes/stats", "get"): "the measurement reads Summaries on each kubelet's own port and the kubelet, not the "
                                 "API server, asks whether the operator may (a SubjectAccessReview for get nodes/stats); "
-                                "tests/test_real_measurement.py shows the real kubelet granting it and refusing it to a ServiceAccount without it",
+                                "tests/test_real_measurement.py shows the real kubelet granting it and refusing it "
+                                "to a ServiceAccount without it",
     ("", "namespaces", "get"): "the routing webhook reads an opted-in namespace's label; this scenario runs no "
                                "webhook (tests/test_real_admission_operator.py exercises it on the real server)",
     ("katasizing.dev", "katasizingpolicies", "get"): (

@@ -2,7 +2,8 @@
 
 What only the API server can decide: that it accepts the shared ValidatingAdmissionPolicies and
 MutatingAdmissionPolicy (the install's, `render --shared`) and a policy's bindings (schema, CEL
-compilation, type checking against the Pod schema); what their CEL says about every pod of tests/test_podfit.py's table, word for word
+compilation, type checking against the Pod schema); what their CEL says about every pod of
+tests/test_podfit.py's table, word for word
 against podfit's Python rule, `kata-sizing explain --pod` and `audit --pods`; each action
 (Deny, Warn, Audit) as kubectl shows it; the routing of opted-in pods at every envelope
 boundary, with the overhead and scheduling the RuntimeClass admission plugin adds; in-place

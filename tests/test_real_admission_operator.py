@@ -1,6 +1,7 @@
 """The operator and the admission objects against the real kube-apiserver: it writes each
 policy's bindings and guards the shared ValidatingAdmissionPolicies and MutatingAdmissionPolicy
-they name (the install's), puts back a hand edit or deletion, leaves a foreign object alone, removes them with the policy (and the real garbage
+they name (the install's), puts back a hand edit or deletion, leaves a foreign object alone, removes
+them with the policy (and the real garbage
 collector does when the operator is stopped); the pods the server stored against the rules are
 listed in status.podAudit with a Warning event; and the webhook fallback routes a pod through a real
 MutatingWebhookConfiguration. The admission rules themselves are tests/test_real_admission.py's.

@@ -18,11 +18,24 @@ import pytest
 
 from tests.kata_deploy_chart import FACTS, chart_runtime_classes, instance_marker
 from tests.realcluster import (
-    RUNTIME_CLASSES, WRITE_VERBS, ApiError, ControlPlane, RealOperator, free_port, poll,
+    RUNTIME_CLASSES,
+    WRITE_VERBS,
+    ApiError,
+    ControlPlane,
+    RealOperator,
+    free_port,
+    poll,
 )
 from tests.test_metrics import get, samples
 from tests.test_real_operator import (
-    NAMESPACE, cm_path, pod_fixed, qemu_rs, quiet, rc_path, runtime_classes, wait_observed,
+    NAMESPACE,
+    cm_path,
+    pod_fixed,
+    qemu_rs,
+    quiet,
+    rc_path,
+    runtime_classes,
+    wait_observed,
 )
 
 pytestmark = pytest.mark.realserver
@@ -114,7 +127,8 @@ def test_two_replicas_one_writes_and_a_leader_killed_mid_work_is_replaced_with_n
         # held the Lease.
         after = cp.operator_requests(at_kill)
         before = requests[: len(requests) - len(after)]
-        by_second = lambda e: e.user_agent.startswith("kata-sizing/second_") and e.verb in WRITE_VERBS
+        def by_second(e) -> bool:
+            return e.user_agent.startswith("kata-sizing/second_") and e.verb in WRITE_VERBS
         assert [e for e in before if by_second(e)] == []
         writes = [(i, e) for i, e in enumerate(after) if by_second(e)]
         took = min(i for i, e in writes if e.resource == "leases")

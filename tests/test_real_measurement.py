@@ -308,7 +308,8 @@ def test_a_stand_in_near_its_cgroup_limit_raises_the_warning_within_one_interval
             return (headroom < threshold_mib) == low
         poll(lambda: kubelet_sees(True), 60, "the kubelet reports the pod under its threshold", interval=0.5)
         seen = time.monotonic()
-        warned = poll(lambda: events(cp, "HeadroomLow", namespace), INTERVAL_S + 5, "HeadroomLow within one interval", interval=0.5)
+        warned = poll(lambda: events(cp, "HeadroomLow", namespace), INTERVAL_S + 5, "HeadroomLow within one interval",
+                      interval=0.5)
         assert time.monotonic() - seen <= INTERVAL_S + 5
         assert warned[0].startswith(f"pod {namespace}/s-0 (class s) on node {real_node.name}: working set ")
         assert warned[0].endswith(f"under {threshold_mib:.1f}Mi (10% of podFixed.memory): its VMM is close to an OOM kill")

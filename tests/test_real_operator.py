@@ -21,7 +21,12 @@ import yaml
 
 from tests.operator_helpers import explicit_classes_policy
 from tests.realcluster import (
-    POLICIES, RUNTIME_CLASSES, ApiError, ControlPlane, configmaps, poll,
+    POLICIES,
+    RUNTIME_CLASSES,
+    ApiError,
+    ControlPlane,
+    configmaps,
+    poll,
 )
 
 pytestmark = pytest.mark.realserver

@@ -18,7 +18,12 @@ import pytest
 import yaml
 
 from tests.realcluster import (
-    CRD_NAME, ROOT, ControlPlane, RealOperator, installed_control_plane, poll,
+    CRD_NAME,
+    ROOT,
+    ControlPlane,
+    RealOperator,
+    installed_control_plane,
+    poll,
 )
 from tests.test_real_operator import qemu_rs
 

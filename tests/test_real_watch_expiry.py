@@ -14,7 +14,13 @@ import time
 import pytest
 
 from tests.realcluster import (
-    RUNTIME_CLASSES, ControlPlane, RealOperator, configmaps, delete_policies, installed_control_plane, poll,
+    RUNTIME_CLASSES,
+    ControlPlane,
+    RealOperator,
+    configmaps,
+    delete_policies,
+    installed_control_plane,
+    poll,
 )
 from tests.test_real_operator import create_ready, pod_fixed, qemu_rs, rc_path, runtime_classes
 

@@ -15,9 +15,8 @@ from types import SimpleNamespace
 import jsonpatch
 import pytest
 
-from kata_sizing.controller import compare
+from kata_sizing.controller import compare, metrics
 from kata_sizing.controller import conditions as cond
-from kata_sizing.controller import metrics
 from kata_sizing.controller import reconcile as rc
 from kata_sizing.controller import status as st
 from kata_sizing.controller.execute import WRITES_PER_PASS

@@ -9,10 +9,10 @@ from decimal import Decimal
 import pytest
 import yaml
 
-from kata_sizing.core import defaults
-from kata_sizing.controller.policy_webhook import admission_problems
-from kata_sizing.core.audit import audit_values
 from kata_sizing.cli import main
+from kata_sizing.controller.policy_webhook import admission_problems
+from kata_sizing.core import defaults
+from kata_sizing.core.audit import audit_values
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.render import VALUES_KEY, render_policy

@@ -7,7 +7,6 @@ from fractions import Fraction
 
 import pytest
 
-from kata_sizing.core.sizing import guest_budget_mib
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.quantity import MIB, cpu_cores, memory_bytes
@@ -15,6 +14,7 @@ from kata_sizing.core.sizing import (
     SandboxRefused,
     Severity,
     explain_pod,
+    guest_budget_mib,
     simulate_go,
     simulate_rust,
     size_policy,
@@ -342,7 +342,7 @@ def test_survey_function_covers_every_measured_vm(limit_mib, nominal_mib, free_t
 
 def test_budget_grows_where_the_surveys_fixed_256_mib_starved_the_container():
     budgets = {}
-    for limit_mib, nominal_mib, free_total_mib, free_used_mib in SURVEY:
+    for limit_mib, _nominal_mib, free_total_mib, free_used_mib in SURVEY:
         budget = _sizing({
             "shim": "clh", "overhead": SURVEY_FUNCTION,
             "classes": [{"name": "s", "cpu": "1", "memory": f"{limit_mib}Mi"}],

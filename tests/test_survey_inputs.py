@@ -16,7 +16,8 @@ from kata_sizing.core.bounded import InputError
 from kata_sizing.core.measure import kata_pod
 from kata_sizing.core.podlist import MAX_POD_BYTES, NotStreamable, read_pod_list
 from kata_sizing.core.survey import PodIndex, SurveyInputError, index_pods
-from tests.summaries import MIB, Figures, kata_pod as pod_doc, summary, write_pod_list
+from tests.summaries import MIB, Figures, summary, write_pod_list
+from tests.summaries import kata_pod as pod_doc
 
 POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "qemu-rs"},
           "spec": {"shim": "qemu-runtime-rs", "classes": [{"name": "s", "cpu": "1", "memory": "1Gi"}]}}

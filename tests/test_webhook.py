@@ -17,7 +17,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import kopf
@@ -31,14 +31,21 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kata_sizing import cli
 from kata_sizing.controller import operator_main
-from kata_sizing.controller.policy_webhook import VALIDATE_HANDLER_ID, admission_problems, needs_review
 from kata_sizing.controller.handlers import build_registry
-from kata_sizing.core.model import GROUP, PLURAL, VERSION
 from kata_sizing.controller.operator_main import WebhookOptions, configure_webhook
+from kata_sizing.controller.policy_webhook import VALIDATE_HANDLER_ID, admission_problems, needs_review
+from kata_sizing.core.model import GROUP, PLURAL, VERSION
 from tests.harness import KopfThread, KubernetesApiEmulator, running_emulator
 from tests.operator_helpers import POLICIES, example, wait_observed
 from tests.test_manifests import (
-    ADMISSION_SERVED_FROM, CRD_FILE, EXPECTED_KINDS, MANIFESTS, SCHEMA_VERSIONS, find_kubectl, granted_permissions, load_documents,
+    ADMISSION_SERVED_FROM,
+    CRD_FILE,
+    EXPECTED_KINDS,
+    MANIFESTS,
+    SCHEMA_VERSIONS,
+    find_kubectl,
+    granted_permissions,
+    load_documents,
 )
 from tests.test_rbac_coverage import request_triple
 
@@ -357,7 +364,7 @@ def write_self_signed_cert(directory: Path) -> tuple[Path, Path]:
     (certbuilder/oscrypto) fails on OpenSSL 3.0."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kata-sizing-webhook-test")])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name).issuer_name(name).public_key(key.public_key())

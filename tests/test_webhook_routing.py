@@ -13,10 +13,10 @@ import uuid
 
 import pytest
 
-from kata_sizing.controller.policy_webhook import ROUTE_POD_PATH_ID, pod_to_route, review_response
 from kata_sizing.controller.handlers import routes_through_webhook
-from kata_sizing.core.podfit import SHARED_NAMES, route_patch
+from kata_sizing.controller.policy_webhook import ROUTE_POD_PATH_ID, pod_to_route, review_response
 from kata_sizing.core.model import parse_policy
+from kata_sizing.core.podfit import SHARED_NAMES, route_patch
 from kata_sizing.core.sizing import size_policy
 from tests.operator_helpers import POLICIES, explicit_classes_policy, wait_observed
 from tests.test_webhook import Webhook, webhook  # noqa: F401 - the fixture

@@ -13,9 +13,10 @@ import os
 import socket
 import ssl
 import sys
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .core import bounded, yamlout
@@ -663,13 +664,23 @@ def cmd_probe(args: argparse.Namespace) -> int:
     (docs/probe.md), as calibrate's CSV with the guest's columns filled."""
     import tempfile
 
+    from . import vm
     from .core.calibrate import PROBE_COLUMNS
     from .core.probe import (
-        KATA_ROOT, ProbeError, VmmPaths, config_candidates, describe_row, initramfs, kernel_command_line,
-        probe_points, probe_row, report_problem, vm_paths_problem, vmm_paths,
+        KATA_ROOT,
+        ProbeError,
+        VmmPaths,
+        config_candidates,
+        describe_row,
+        initramfs,
+        kernel_command_line,
+        probe_points,
+        probe_row,
+        report_problem,
+        vm_paths_problem,
+        vmm_paths,
     )
     from .core.survey import COLUMNS, to_csv
-    from . import vm
 
     policy, sizing = _sized_policy(args, most_timeout_s=3600)
     try:
@@ -879,7 +890,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _audit_pods(args: argparse.Namespace) -> int:
     """audit --pods: stored pods against their class (podfit, the admission policies' rule)."""
-    from .core.audit import AuditError, audit_pods, format_pods_text, namespace_labels_from_documents, pods_from_documents
+    from .core.audit import (
+        AuditError,
+        audit_pods,
+        format_pods_text,
+        namespace_labels_from_documents,
+        pods_from_documents,
+    )
 
     if args.values is not None or args.runtime_classes:
         raise InputError("--pods audits pods against policies; give VALUES.yaml/RUNTIMECLASSES.yaml in a separate run")

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .core.probe import (
-    GuestReport, HostFigures, ProbeError, VmmPaths, kernel_command_line, parse_console, vm_command,
+    GuestReport,
+    HostFigures,
+    ProbeError,
+    VmmPaths,
+    kernel_command_line,
+    parse_console,
+    vm_command,
 )
 from .core.sizing import Vm
 
@@ -67,7 +73,7 @@ class MemoryCgroup:
         self.path, self.v2 = path, v2
 
     @classmethod
-    def create(cls, name: str) -> tuple["MemoryCgroup | None", str | None]:
+    def create(cls, name: str) -> tuple[MemoryCgroup | None, str | None]:
         v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
         try:
             lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -75,9 +81,9 @@ class MemoryCgroup:
             return None, f"cannot read /proc/self/cgroup: {exc}"
         own = None
         for line in lines:
-            _, controllers, path = line.split(":", 2)
+            _, controllers, where = line.split(":", 2)
             if (v2 and controllers == "") or (not v2 and "memory" in controllers.split(",")):
-                own = path
+                own = where
         if own is None:
             return None, "no memory cgroup controller"
         base = (CGROUP_ROOT if v2 else CGROUP_ROOT / "memory") / own.lstrip("/")
@@ -148,7 +154,7 @@ class RunningVm:
         self.stopped_by_us = False
         self.stderr = ""
 
-    def __enter__(self) -> "RunningVm":
+    def __enter__(self) -> RunningVm:
         self.cgroup, _ = MemoryCgroup.create(f"kata-sizing-probe-{os.getpid()}-{self.name}")
         self.started = time.monotonic()
         try:
@@ -211,7 +217,7 @@ class RunningVm:
             return None
         return self.process.returncode
 
-    def result(self) -> "BootResult":
+    def result(self) -> BootResult:
         text = self.text()
         if not self.stopped_by_us and self.exit_code not in (0, None) and "KSP hello" not in text:
             first = next((line for line in self.stderr.splitlines() if line.strip()), f"exit {self.exit_code}")

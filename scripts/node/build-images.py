@@ -192,7 +192,8 @@ def main() -> int:
     if args.vm_qemu:
         if not (args.vm_kernel and args.vm_init):
             raise SystemExit("--vm-qemu needs --vm-kernel and --vm-init")
-        vm = write_archive(args.out / "vm.tar", VM_IMAGE, [podtool, busybox, vm_layer(args.vm_qemu, args.vm_kernel, args.vm_init)],
+        vm = write_archive(args.out / "vm.tar", VM_IMAGE,
+                           [podtool, busybox, vm_layer(args.vm_qemu, args.vm_kernel, args.vm_init)],
                            {"Entrypoint": ["/usr/bin/qemu-system-x86_64"], "Env": ["PATH=/usr/bin:/bin:/"],
                             "WorkingDir": "/"}, architecture)
         print(f"{VM_IMAGE} {vm}")

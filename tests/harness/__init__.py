@@ -2,8 +2,14 @@
 Test harness: a strict Kubernetes API emulator (kmock 0.8 underneath) and a runner for
 kopf operators in their own thread. See ``emulator.py`` and ``kopf_thread.py``.
 """
-from .emulator import KubernetesApiEmulator, RequestRecord, FaultRule, ResourceObjects, default_resources, \
-    running_emulator
+from .emulator import (
+    FaultRule,
+    KubernetesApiEmulator,
+    RequestRecord,
+    ResourceObjects,
+    default_resources,
+    running_emulator,
+)
 from .kopf_thread import KopfThread, fast_test_settings  # noqa: E402
 from .store import ApiError, ResourceType
 

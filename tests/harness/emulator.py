@@ -27,7 +27,7 @@ import kmock
 import yarl
 
 from .selectors import Matcher, SelectorError, parse_field_selector, parse_label_selector
-from .store import ApiError, JsonObject, ObjectStore, ResourceType, Validator, DEFAULT_VALIDATORS
+from .store import DEFAULT_VALIDATORS, ApiError, JsonObject, ObjectStore, ResourceType, Validator
 
 ALL_VERBS = ('create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch')
 WRITE_METHODS = frozenset({'POST', 'PUT', 'PATCH', 'DELETE'})
@@ -248,7 +248,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
                 subresources=frozenset(info.subresources)))
         return types
 
-    def resource_type(self, spec: 'str | ResourceType | kmock.resource') -> ResourceType:
+    def resource_type(self, spec: str | ResourceType | kmock.resource) -> ResourceType:
         """
         Resolve ``'node.k8s.io/v1/runtimeclasses'``, ``'v1/configmaps'``, ``'runtimeclasses.node.k8s.io'``,
         a plural, a kind or a short name. An ambiguous name (``events``) means the core group.
@@ -279,7 +279,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
                 return rtype
         return None
 
-    def objects(self, resource: 'str | ResourceType | kmock.resource') -> ResourceObjects:
+    def objects(self, resource: str | ResourceType | kmock.resource) -> ResourceObjects:
         return ResourceObjects(self.store, self.resource_type(resource))
 
     # --- fault injection and the request log (thread-safe) ---------------------------------------
@@ -325,7 +325,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         with self._faults_lock:
             self._faults.clear()
 
-    def drop_watches(self, resource: 'str | ResourceType | kmock.resource | None' = None) -> int:
+    def drop_watches(self, resource: str | ResourceType | kmock.resource | None = None) -> int:
         """Close the open watch streams (of one resource, or all); returns how many were closed."""
         key = None if resource is None else self.resource_type(resource).key
         return self.store.drop_watches(key)
@@ -509,7 +509,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             labels = parse_label_selector(query.get('labelSelector'))
             fields = parse_field_selector(query.get('fieldSelector'))
         except SelectorError as e:
-            raise ApiError(400, 'BadRequest', f'unable to parse requirement: {e}')
+            raise ApiError(400, 'BadRequest', f'unable to parse requirement: {e}') from e
         if name is None:
             return lambda obj: labels(obj) and fields(obj)
         return lambda obj: labels(obj) and fields(obj) and obj.get('metadata', {}).get('name') == name

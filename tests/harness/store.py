@@ -321,7 +321,7 @@ class ObjectStore:
                 try:
                     since_version = int(since)
                 except ValueError:
-                    raise ApiError(400, 'BadRequest', f'invalid resource version: {since!r}')
+                    raise ApiError(400, 'BadRequest', f'invalid resource version: {since!r}') from None
                 if since_version < self._compacted_up_to:
                     raise ApiError(410, 'Expired', f'too old resource version: {since_version}'
                                                    f' ({self._compacted_up_to + 1})')
@@ -432,10 +432,10 @@ class ObjectStore:
                     candidate = jsonpatch.JsonPatch(patch).apply(copy.deepcopy(old))
                 except jsonpatch.JsonPatchTestFailed as e:
                     raise ApiError(422, 'Invalid', 'the server rejected our request due to an error in our'
-                                                   f' request: {e}', {'causes': [{'message': str(e)}]})
+                                                   f' request: {e}', {'causes': [{'message': str(e)}]}) from e
                 except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as e:
                     raise ApiError(422, 'Invalid', f'the server rejected our request due to an error in our'
-                                                   f' request: {e}', {'causes': [{'message': str(e)}]})
+                                                   f' request: {e}', {'causes': [{'message': str(e)}]}) from e
             elif patch_type in ('merge', 'strategic'):
                 if not isinstance(patch, Mapping):
                     raise ApiError(400, 'BadRequest', 'merge patch must be a JSON object')

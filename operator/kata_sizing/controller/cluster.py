@@ -6,9 +6,9 @@ watches), so recomputing guidance costs no API call.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Iterable, Mapping
 
 from ..core.guidance import NodeFacts
 from ..core.measure import KataPod, kata_pod

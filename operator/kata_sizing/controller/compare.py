@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .kinds import is_admission_kind
 from ..core.quantity import QuantityError, parse_quantity
 from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, SHARED_ADMISSION, SHARED_LABEL
+from .kinds import is_admission_kind
 
 
 def _same_quantity(a: Any, b: Any) -> bool:

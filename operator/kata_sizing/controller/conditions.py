@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..core.model import Condition
 
@@ -39,7 +39,7 @@ EVENT_HEADROOM_RECOVERED = "HeadroomRecovered"
 
 
 def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> Condition:

@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Hashable, Mapping
 
-from . import cluster
-from .compare import is_ours
-from .kinds import ObjKey
-from .plan import GUIDANCE, Gathered, Intent, PassInputs, intent_of
-from .state import OperatorState, PolicyRecord
 from ..core import defaults
 from ..core.audit import audit_runtime_classes
 from ..core.model import KataSizingPolicyStatus, PolicyError, ProposalStatus, parse_policy
 from ..core.podfit import check_limits
 from ..core.proposal import proposal_status
 from ..core.sizing import PolicySizing, size_policy
+from . import cluster
+from .compare import is_ours
+from .kinds import ObjKey
+from .plan import GUIDANCE, Gathered, Intent, PassInputs, intent_of
+from .state import OperatorState, PolicyRecord
 
 # How long a pass waits for the node and pod caches' first list before it goes on without
 # node facts (the guidance ConfigMap is then left as it was). Seconds.
@@ -168,7 +168,7 @@ def _unmanaged_runtime_classes(state: OperatorState) -> tuple[frozenset, tuple[d
     managed = state.desired.runtime_class_names()
     found = tuple(rc for rc in state.children.all_runtime_classes()
                   if (rc.get("metadata") or {}).get("name") not in managed)
-    return frozenset(((rc["metadata"].get("name"), rc["metadata"].get("resourceVersion")) for rc in found)), found
+    return frozenset((rc["metadata"].get("name"), rc["metadata"].get("resourceVersion")) for rc in found), found
 
 
 def intent(state: OperatorState, body: Mapping, facts: tuple | None) -> Intent:

@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import kopf
 
+from ..core.model import GROUP, PLURAL, VERSION
+from ..core.podfit import POLICY_LABEL, PodInputError, route_patch
 from . import gather, metrics, worker
 from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError
@@ -35,8 +37,6 @@ from .leader import LeaderElector
 from .measurement import Clock, MeasurementLoop
 from .retry import backoff_s
 from .state import OperatorState
-from ..core.model import GROUP, PLURAL, VERSION
-from ..core.podfit import POLICY_LABEL, PodInputError, route_patch
 
 log = logging.getLogger("kata_sizing")
 
@@ -183,7 +183,7 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
     if state.work is not None:
         try:
             await asyncio.wait_for(state.work.drain(), SHUTDOWN_GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("stopping with a pass still in progress")
     posting = [task for task in state.background if task.get_name() == "events"]
     for task in state.background:

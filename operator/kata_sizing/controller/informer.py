@@ -17,12 +17,13 @@ import asyncio
 import logging
 import os
 import random
-from typing import Callable, Generic, Hashable, Iterable, TypeVar, cast
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, TypeVar, cast
 
+from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 from .api_errors import ApiError
 from .kinds import ADMISSION_GROUP, KINDS, ObjKey
 from .retry import WATCH_RETRY_BASE_S, WATCH_RETRY_CAP_S, backoff_s
-from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 
 log = logging.getLogger("kata_sizing.informer")
 

@@ -33,7 +33,7 @@ class Kind:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def at(self, version: str) -> "Kind":
+    def at(self, version: str) -> Kind:
         return replace(self, version=version)
 
 

@@ -19,14 +19,19 @@ from pathlib import Path
 from urllib.parse import quote
 
 import aiohttp
-from yarl import URL
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
+from yarl import URL
 
-from . import metrics
 from ..core import bounded
+from . import metrics
 from .api_errors import (  # noqa: F401  (re-exported: the error kinds are the wrapper's contract)
-    ApiError, Conflict, Invalid, NotFound, PermanentApiError, TransientApiError,
+    ApiError,
+    Conflict,
+    Invalid,
+    NotFound,
+    PermanentApiError,
+    TransientApiError,
 )
 from .kinds import ADMISSION_GROUP, ADMISSION_KINDS, ADMISSION_VERSIONS, KINDS, Kind, ObjKey, describe
 
@@ -113,7 +118,7 @@ class KubeApi:
     _summary_client: client.ApiClient | None = None
 
     @classmethod
-    async def connect(cls) -> "KubeApi":
+    async def connect(cls) -> KubeApi:
         """Connect the way kubectl does: in-cluster service account, else KUBECONFIG/~/.kube/config."""
         configuration = client.Configuration()
         configuration.connection_pool_maxsize = CONNECTIONS
@@ -336,7 +341,7 @@ class KubeApi:
             async for line in stream.content:
                 if line.strip():
                     yield json.loads(line)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise TransientApiError(None, f"watch {kind.plural}: {exc}") from None
         finally:
             stream.release()

@@ -24,8 +24,7 @@ from typing import Literal
 
 import aiohttp
 
-from ..core import bounded
-from ..core import defaults
+from ..core import bounded, defaults
 
 Access = Literal["direct", "apiserver"]
 
@@ -103,7 +102,7 @@ class DirectKubelets:
             raise KubeletError(None, f"{url}: the kubelet's certificate is not trusted ({reason}): give "
                                      "--kubelet-ca, sign kubelet certificates with the cluster CA (serverTLSBootstrap), "
                                      "or use --kubelet-access apiserver") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise KubeletError(None, f"{url}: no answer within {self.options.timeout_s:g}s") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise KubeletError(None, f"{url}: {type(exc).__name__}: {exc}") from None

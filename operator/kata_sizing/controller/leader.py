@@ -25,9 +25,9 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Awaitable, Callable
+from datetime import UTC, datetime
 
 from .api_errors import ApiError, Conflict
 from .retry import LEASE_DURATION_S, LEASE_RETRY_PERIOD_S, RENEW_DEADLINE_S
@@ -110,7 +110,7 @@ class LeaderElector:
         while True:
             try:
                 held = await self._try_acquire_or_renew()
-            except (ApiError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ApiError) as exc:
                 log.warning("Lease %s/%s: %s", self.options.namespace, self.options.name, exc)
                 held = None
             now = self.clock()
@@ -126,7 +126,7 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         """True: we hold the Lease now. False: somebody else does."""
         o = self.options
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         lease = await self.api.read(("Lease", o.namespace, o.name))
         if lease is None:
             body = {
@@ -172,10 +172,10 @@ class LeaderElector:
             spec = dict((lease or {}).get("spec") or {})
             if lease is not None and spec.get("holderIdentity") == o.identity:
                 spec.update(holderIdentity=None, leaseDurationSeconds=1,
-                            renewTime=_micro_time(datetime.now(timezone.utc)))
+                            renewTime=_micro_time(datetime.now(UTC)))
                 await self.api.replace({**lease, "spec": spec})
                 log.info("%s released Lease %s/%s", o.identity, o.namespace, o.name)
-        except (ApiError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ApiError) as exc:
             log.warning("could not release Lease %s/%s (%s); it expires in %ss", o.namespace, o.name, exc,
                         o.lease_duration_s)
         await self._set(False, released=True)

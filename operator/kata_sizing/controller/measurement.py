@@ -22,13 +22,13 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from . import conditions as cond
-from . import metrics
 from ..core.headroom import HeadroomThreshold, mib_text
 from ..core.measure import KataPod, LowHeadroom, MeasurementState, SummaryError, read_summary
 from ..core.model import HeadroomLowPod, MeasuredClass, MeasurementStatus, SkippedNode
+from . import conditions as cond
+from . import metrics
 
 log = logging.getLogger("kata_sizing.measurement")
 
@@ -48,7 +48,7 @@ class Clock:
     speed: float = 1.0
 
     @classmethod
-    def faster(cls, speed: float) -> "Clock":
+    def faster(cls, speed: float) -> Clock:
         start = time.time()
         return cls(now=lambda: start + (time.time() - start) * speed, speed=speed)
 
@@ -82,7 +82,7 @@ def measured_policy(sizing, ref: dict) -> MeasuredPolicy | None:
 def rfc3339(at: float | None) -> str | None:
     if at is None:
         return None
-    return datetime.fromtimestamp(at, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def phase_s(node: str, interval_s: float) -> float:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import aiohttp.web
 import kopf
 
+from ..core import bounded
 from . import policy_webhook
 from .leader import default_identity
-from ..core import bounded
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,20 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .compare import corrected, differences, is_ours
-from .kinds import ObjKey, describe, obj_key
 from ..core.model import (
-    API_VERSION, KIND, KataSizingPolicy, KataSizingPolicyStatus, MeasurementStatus, PolicyError, ProposalStatus,
+    API_VERSION,
+    KIND,
+    KataSizingPolicy,
+    KataSizingPolicyStatus,
+    MeasurementStatus,
+    PolicyError,
+    ProposalStatus,
     parse_policy,
 )
 from ..core.render import Rendered, configmap_names, render_policy
 from ..core.sizing import PolicySizing, Severity, size_policy
+from .compare import corrected, differences, is_ours
+from .kinds import ObjKey, describe, obj_key
 
 
 class Ownership(enum.Enum):

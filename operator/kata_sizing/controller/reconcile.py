@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from ..core.model import KataSizingPolicyStatus
 from . import metrics
 from .api_errors import Conflict, Invalid, NotFound
 from .execute import DONE, execute
@@ -21,7 +22,6 @@ from .plan import APPLY, plan_pass, policy_ref
 from .retry import CONFLICT_ATTEMPTS, RetryLater
 from .state import OperatorState, PolicyRecord
 from .status import Conclusion, conclude, read_status, status_changed, status_fields, status_patch
-from ..core.model import KataSizingPolicyStatus
 
 log = logging.getLogger("kata_sizing.reconcile")
 

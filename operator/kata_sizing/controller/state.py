@@ -8,6 +8,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.model import KataSizingPolicyStatus
+from ..core.sizing import PolicySizing
 from .compare import is_ours
 from .events import EventSink
 from .informer import ChildCache, Informer
@@ -15,8 +17,6 @@ from .kinds import ObjKey
 from .leader import LeaderElector
 from .plan import Desired, PassInputs
 from .workqueue import WorkQueue
-from ..core.model import KataSizingPolicyStatus
-from ..core.sizing import PolicySizing
 
 
 @dataclass

@@ -16,18 +16,29 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import conditions as cond
-from .execute import CONFLICTED, DONE, FAILED, GONE, REFUSED, Outcome
-from .kinds import describe
-from .plan import Action, Desired, Gathered, Plan, Reason, Verb, conflict_text
 from ..core.model import (
-    ClassStatus, Condition, KataSizingPolicy, KataSizingPolicyStatus, LargestVm, MeasurementStatus, NodesStatus,
-    OverheadStatus, PodAuditCount, PodAuditFinding, PodAuditStatus, ProposalStatus, Resources,
+    ClassStatus,
+    Condition,
+    KataSizingPolicy,
+    KataSizingPolicyStatus,
+    LargestVm,
+    MeasurementStatus,
+    NodesStatus,
+    OverheadStatus,
+    PodAuditCount,
+    PodAuditFinding,
+    PodAuditStatus,
+    ProposalStatus,
+    Resources,
     UnmanagedRuntimeClass,
 )
 from ..core.quantity import format_cpu, format_mib, format_vcpus
 from ..core.render import Rendered
 from ..core.sizing import PolicySizing
+from . import conditions as cond
+from .execute import CONFLICTED, DONE, FAILED, GONE, REFUSED, Outcome
+from .kinds import describe
+from .plan import Action, Desired, Gathered, Plan, Reason, Verb, conflict_text
 
 log = logging.getLogger("kata_sizing.status")
 

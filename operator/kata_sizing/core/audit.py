@@ -11,25 +11,35 @@ read textually from the `handler:` line of the runtimeClass string).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-
-from . import defaults
+from . import bounded, defaults
 from .defaults import Runtime, ShimInfo
-from . import bounded
 from .kubegrammar import is_dns_label
 from .quantity import QuantityError, cpu_cores, format_vcpus, memory_bytes, shown
 from .rules import (  # noqa: F401  (Rule and Severity are part of this module's API)
-    HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, drop_in_setter,
-    overhead_disabled, read_drop_in,
-    show_cpu, show_memory,
+    HostOverhead,
+    KataConfig,
+    PodFixed,
+    Problem,
+    Rule,
+    Severity,
+    Where,
+    check_class,
+    drop_in_setter,
+    overhead_disabled,
+    read_drop_in,
+    show_cpu,
+    show_memory,
 )
 
 if TYPE_CHECKING:
     from .model import KataSizingPolicy
+
+T = TypeVar("T")
 
 
 class AuditError(ValueError):
@@ -415,16 +425,16 @@ def _parse_pod_fixed(c: _Candidate, finding) -> tuple[int | None, Decimal | None
                 "the overhead is not a mapping of memory and cpu",
                 f"set {_field(c, 'memory')} and {_field(c, 'cpu')}")
         return None, None
-    parsed: dict[str, object] = {"memory": None, "cpu": None}
-    for key, parse, example in (("memory", memory_bytes, "320Mi"), ("cpu", cpu_cores, "250m")):
-        if key in c.pod_fixed:
-            try:
-                parsed[key] = parse(c.pod_fixed[key])
-            except QuantityError as exc:
-                finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.{key} {shown(c.pod_fixed[key])}",
-                        f"a {key} quantity", str(exc), f"set {_field(c, key)} to a quantity such as {example}")
-    memory, cpu = parsed["memory"], parsed["cpu"]
-    return memory, cpu
+    def parsed(key: str, parse: Callable[[object], T], example: str) -> T | None:
+        if key not in c.pod_fixed:
+            return None
+        try:
+            return parse(c.pod_fixed[key])
+        except QuantityError as exc:
+            finding(Severity.ERROR, Rule.OVERHEAD_INVALID, f"podFixed.{key} {shown(c.pod_fixed[key])}",
+                    f"a {key} quantity", str(exc), f"set {_field(c, key)} to a quantity such as {example}")
+            return None
+    return parsed("memory", memory_bytes, "320Mi"), parsed("cpu", cpu_cores, "250m")
 
 
 def _overhead_disabled_fix(c: _Candidate) -> str:
@@ -599,7 +609,8 @@ def format_text(report: AuditReport) -> str:
         kata = c.kata
         overhead = "-"
         if kata and kata.overhead_memory_mib is not None and c.runtime is Runtime.RUST:
-            overhead = f"{format_vcpus(kata.overhead_vcpus)}/{kata.overhead_memory_mib}MiB"
+            vcpus = "-" if kata.overhead_vcpus is None else format_vcpus(kata.overhead_vcpus)
+            overhead = f"{vcpus}/{kata.overhead_memory_mib}MiB"
         rows.append((
             c.name,
             c.handler,

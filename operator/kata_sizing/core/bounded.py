@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+
 import yaml
 
 from . import yamlgo
@@ -96,7 +97,7 @@ def _scan(text: str, source: str) -> None:
                 # go-yaml (kubectl) refuses a collection that contains itself.
                 raise InputError(f"{source}:{_where(event)} the alias *{event.anchor} is inside the collection it "
                                  "names (a document that contains itself)")
-            add(anchors.get(event.anchor, 1), event)
+            add(anchors.get(event.anchor, 1) if event.anchor is not None else 1, event)
 
 
 class _GoLoader(_Loader):  # type: ignore[misc, valid-type]
@@ -115,6 +116,7 @@ class _GoLoader(_Loader):  # type: ignore[misc, valid-type]
         if tag == node.tag:
             return value
         if node.tag == yamlgo.FLOAT_TAG and tag == yamlgo.INT_TAG:
+            assert isinstance(value, int)  # yamlgo resolves INT_TAG to an int
             return float(value)
         # An explicit tag the text does not fit (go-yaml: "cannot decode !!str `x` as a !!int").
         raise yaml.constructor.ConstructorError(
@@ -163,16 +165,17 @@ def _as_sent(document: object, source: str) -> object:
                              "\"json: unsupported value\"); quote it if it is text") from None
 
     if not isinstance(document, (dict, list)):
-        is_number = isinstance(document, (int, float)) and not isinstance(document, bool)
-        return number(document, "") if is_number else document
-    pending: list[tuple[object, str]] = [(document, "")]
+        if isinstance(document, (int, float)) and not isinstance(document, bool):
+            return number(document, "")
+        return document
+    pending: list[tuple[dict | list, str]] = [(document, "")]
     seen: set[int] = set()  # an alias shares its collection: each is converted once
     while pending:
         value, path = pending.pop()
         if id(value) in seen:
             continue
         seen.add(id(value))
-        items = value.items() if isinstance(value, dict) else enumerate(value)
+        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
         for key, item in items:
             where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
             if isinstance(item, (dict, list)):

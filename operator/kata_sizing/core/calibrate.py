@@ -181,9 +181,10 @@ class Sample:
         measured inside the guest). A probe's row also says what a workload really got before
         the guest refused it, which is less than `free` suggests by the kernel's free-memory
         reserve (its watermarks): the larger of the two is what the workload cannot have."""
-        if not self.measured_in_guest:
+        total, used = self.free_total_mib, self.free_used_mib
+        if total is None or used is None:  # not measured in the guest
             return None
-        by_free = Fraction(self.vm_nominal_mib - self.free_total_mib + self.free_used_mib)
+        by_free = Fraction(self.vm_nominal_mib - total + used)
         if self.workload_allocated_mib is None:
             return by_free
         return max(by_free, Fraction(self.vm_nominal_mib - self.workload_allocated_mib))
@@ -191,9 +192,10 @@ class Sample:
     @property
     def overhead_used_mib(self) -> Fraction | None:
         """What the pod cgroup holds beyond its containers (only from the kubelet)."""
-        if not self.measured_by_kubelet:
+        pod, containers = self.pod_working_set_bytes, self.containers_working_set_bytes
+        if pod is None or containers is None:  # not measured by the kubelet
             return None
-        return Fraction(self.pod_working_set_bytes - self.containers_working_set_bytes, MIB)
+        return Fraction(pod - containers, MIB)
 
     @property
     def resident(self) -> bool:
@@ -206,11 +208,11 @@ class Sample:
     @property
     def host_mib(self) -> Fraction | None:
         """The shim and VMM on the host: what the pod cgroup holds beyond a fully resident VM."""
-        if not self.resident:
-            return None
         held = self.pod_cgroup_memory_current_bytes
         if held is None:
             held = self.pod_working_set_bytes
+        if held is None or not self.resident:
+            return None
         return Fraction(held, MIB) - Fraction(self.vm_nominal_mib)
 
 
@@ -345,7 +347,7 @@ def parse_samples_csv(text: str) -> list[Sample]:
             problems.extend(row_problems)
             continue
 
-        def whole(column: str) -> int | None:
+        def whole(column: str, values: dict[str, Decimal | None] = values) -> int | None:
             value = values.get(column)
             return None if value is None else int(value)
 
@@ -531,9 +533,10 @@ def _guest_point(sample: Sample, host_mib: int | None) -> Fraction | None:
     overhead used is the whole VM less the workload, whatever the guest keeps)."""
     if sample.measured_in_guest:
         return sample.unusable_mib
-    if sample.resident or host_mib is None:
+    used = sample.overhead_used_mib
+    if sample.resident or host_mib is None or used is None:
         return None
-    return sample.overhead_used_mib - host_mib
+    return used - host_mib
 
 
 def fit_overhead(
@@ -563,8 +566,7 @@ def fit_overhead(
             "no row measures the host side (no VM was fully resident) and no host side to assume: "
             "give the policy (--policy, its hostMemory is used) or --host-memory"
         )
-    guest = [(s, _guest_point(s, host_for_points)) for s in samples]
-    guest = [(s, y) for s, y in guest if y is not None]
+    guest = [(s, y) for s in samples if (y := _guest_point(s, host_for_points)) is not None]
     notes = []
     resident_only = [s for s in kubelet_only if s.resident]
     if resident_only:
@@ -598,7 +600,7 @@ def fit_overhead(
     exact_ratio = Fraction(ratio)
     base = max(0, math.ceil(max(y - exact_ratio * x for x, y in points)))
     residuals = tuple(_decimal(base + exact_ratio * x - y) for x, y in points)
-    daemons = [s.free_used_mib for s in samples if s.measured_in_guest]
+    daemons = [s.free_used_mib for s in samples if s.free_used_mib is not None and s.free_total_mib is not None]
     return Fit(
         base_mib=base,
         ratio=ratio,

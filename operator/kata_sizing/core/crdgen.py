@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 from . import model, quantity, yamlout
 from .model import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 

@@ -30,7 +30,7 @@ class HeadroomThreshold:
     fixed_bytes: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "HeadroomThreshold":
+    def parse(cls, text: str) -> HeadroomThreshold:
         """`10%` (of podFixed.memory) or a memory quantity (`64Mi`); ValueError says why not."""
         text = text.strip()
         if text.endswith("%"):
@@ -54,4 +54,4 @@ class HeadroomThreshold:
     def describe(self) -> str:
         if self.fixed_bytes is not None:
             return mib_text(self.fixed_bytes)
-        return f"{format(((self.fraction or 0) * 100).normalize(), 'f')}% of podFixed.memory"
+        return f"{format(((self.fraction or Decimal(0)) * 100).normalize(), 'f')}% of podFixed.memory"

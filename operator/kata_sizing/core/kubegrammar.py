@@ -115,7 +115,8 @@ def duplicate_tolerations(tolerations: Sequence[Mapping[str, object]]) -> list[t
     seen: dict[tuple[str, str, str, str], int] = {}
     pairs = []
     for index, toleration in enumerate(tolerations):
-        identity = tuple(str(toleration.get(k) or "") for k in ("key", "operator", "value", "effect"))
+        key, operator, value, effect = (str(toleration.get(k) or "") for k in ("key", "operator", "value", "effect"))
+        identity = (key, operator, value, effect)
         if identity in seen:
             pairs.append((seen[identity], index))
         else:

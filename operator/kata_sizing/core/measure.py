@@ -211,7 +211,7 @@ def _time(text: object) -> datetime | None:
         return None
 
 
-def _containers_working_set(entry: dict, expected: tuple[str, ...]) -> tuple[int | None, list[str]]:
+def _containers_working_set(entry: Mapping, expected: tuple[str, ...]) -> tuple[int | None, list[str]]:
     """Sum of the containers' working sets, or None with the reason.
 
     A container listed twice (the kubelet caught a restart between the old container's stats and
@@ -253,10 +253,10 @@ def _containers_working_set(entry: dict, expected: tuple[str, ...]) -> tuple[int
     if not problems and latest:
         memory = entry.get("memory")
         taken = _time(memory.get("time")) if isinstance(memory, dict) else None
-        started = _time(max(started for started, _ in latest.values()))
-        if taken is not None and started is not None and (taken - started).total_seconds() < KUBELET_MAX_REFRESH_S:
+        newest = _time(max(started for started, _ in latest.values()))
+        if taken is not None and newest is not None and (taken - newest).total_seconds() < KUBELET_MAX_REFRESH_S:
             problems.append(f"the pod's figure ({taken:%H:%M:%S}) is less than {KUBELET_MAX_REFRESH_S} s younger than "
-                            f"its latest container's start ({started:%H:%M:%S}): waiting for the kubelet's next one")
+                            f"its latest container's start ({newest:%H:%M:%S}): waiting for the kubelet's next one")
     return (None, problems) if problems else (total, [])
 
 
@@ -286,7 +286,8 @@ def read_summary(
         raise SummaryError(f"the Summary of node {node}: pods is not a list")
     by_name = {p.pod: p for p in kata_pods.values()}
     seen: set[str] = set()
-    measurements, unknown = [], []
+    measurements: list[PodMeasurement] = []
+    unknown: list[str] = []
     unknown_count = other = 0
     for entry in pods:
         if not isinstance(entry, dict) or not isinstance(entry.get("podRef"), dict):
@@ -311,7 +312,8 @@ def read_summary(
     return NodeReading(
         node=node, measurements=tuple(sorted(measurements, key=lambda m: m.pod.pod)),
         not_reported=tuple(pod for pod, _ in missing),
-        not_reported_runtime_classes=tuple(runtime_class for _, runtime_class in missing), unknown=tuple(sorted(unknown)), unknown_count=unknown_count,
+        not_reported_runtime_classes=tuple(runtime_class for _, runtime_class in missing),
+        unknown=tuple(sorted(unknown)), unknown_count=unknown_count,
         other_pods=other, problems=tuple(problems))
 
 
@@ -402,7 +404,7 @@ class QuantileSketch:
         key = self.key(abs(value))
         store[key] = store.get(key, 0) + 1
 
-    def merge(self, other: "QuantileSketch") -> None:
+    def merge(self, other: QuantileSketch) -> None:
         for mine, theirs in ((self.positive, other.positive), (self.negative, other.negative)):
             for key, count in theirs.items():
                 mine[key] = mine.get(key, 0) + count

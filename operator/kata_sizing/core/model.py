@@ -10,7 +10,7 @@ here; `sizing` parses them exactly with `quantity`.
 import re
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -29,8 +29,14 @@ from . import bounded, defaults
 from .defaults import Runtime
 from .headroom import HeadroomThreshold
 from .kubegrammar import (
-    CONFIG_MAP_KEY, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_MAX_LENGTH, duplicate_tolerations, label_key_problem,
-    label_value_problem, toleration_problems,
+    CONFIG_MAP_KEY,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    DNS_SUBDOMAIN_MAX_LENGTH,
+    duplicate_tolerations,
+    label_key_problem,
+    label_value_problem,
+    toleration_problems,
 )
 from .quantity import QuantityError, cpu_cores, memory_bytes
 from .rules import MAX_VCPUS
@@ -38,8 +44,9 @@ from .yamlout import reads_as_string_in_go
 
 GROUP = "katasizing.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "KataSizingPolicy"
+API_VERSION: Final = "katasizing.dev/v1alpha1"  # a literal, for the model's Literal type
+assert API_VERSION == f"{GROUP}/{VERSION}"
+KIND: Final = "KataSizingPolicy"
 PLURAL = "katasizingpolicies"
 SHORT_NAME = "ksp"
 

@@ -47,7 +47,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .model import LabelSelector
 from .quantity import MIB, QuantityError, cpu_cores, memory_bytes, shown
@@ -213,8 +213,8 @@ def pod_limits(pod_or_spec: Mapping) -> PodLimits:
     init_paths = [f"spec.initContainers[{i}]" for i in range(len(init_containers))]
     regular = [_limits_of(c, p) for c, p in zip(containers, container_paths)]
     # _limits_of refuses an init container that is not a mapping before its restartPolicy is read.
-    inits = [(_limits_of(c, p), c) for c, p in zip(init_containers, init_paths)]
-    inits = [(c.get("restartPolicy") == "Always", limits) for limits, c in inits]
+    init_limits = [(_limits_of(c, p), c) for c, p in zip(init_containers, init_paths)]
+    inits = [(c.get("restartPolicy") == "Always", limits) for limits, c in init_limits]
     pod_resources = spec.get("resources") or {}
     if not isinstance(pod_resources, Mapping):
         raise PodInputError("spec.resources: not a mapping")
@@ -416,11 +416,11 @@ def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool
             return False
     for requirement in selector.match_expressions:
         present = requirement.key in labels
-        value = labels.get(requirement.key)
+        found = labels.get(requirement.key)
         values = requirement.values or []
-        if requirement.operator == "In" and not (present and value in values):
+        if requirement.operator == "In" and not (present and found in values):
             return False
-        if requirement.operator == "NotIn" and present and value in values:
+        if requirement.operator == "NotIn" and present and found in values:
             return False
         if requirement.operator == "Exists" and not present:
             return False
@@ -793,7 +793,7 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
     for every KataSizingPolicy; nothing in them is a policy's figure."""
     # Each expression converted once; the objects share them (render_admission copies).
     variables = _requote(cel_variables())
-    checks = _requote(validations())
+    checks = cast(dict[str, list[dict]], _requote(validations()))  # the same shape, requoted
     in_class = _double_quoted(_CEL_IN_CLASS_OF_PARAMS)
     specs = []
     for key, conditions in (

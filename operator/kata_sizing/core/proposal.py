@@ -35,7 +35,13 @@ from .headroom import HeadroomThreshold, mib_text
 from .model import KataSizingPolicy, PolicyError, ProposalStatus, ProposedClass, Resources, parse_policy
 from .quantity import MIB, format_mib
 from .sizing import (
-    ClassSizing, PolicySizing, SandboxRefused, explain_pod, guest_budget_mib, overhead_function, size_policy,
+    ClassSizing,
+    PolicySizing,
+    SandboxRefused,
+    explain_pod,
+    guest_budget_mib,
+    overhead_function,
+    size_policy,
 )
 
 
@@ -160,7 +166,9 @@ def _pods(samples: Sequence[Sample], sizing: PolicySizing) -> list[_Pod]:
     pods = []
     for sample in samples:
         sized = by_name.get(sample.class_name or "")
-        if sized is None or sample.pod_cgroup_limit_bytes is None or not sample.measured_by_kubelet:
+        working_set = sample.pod_working_set_bytes
+        if sized is None or sample.pod_cgroup_limit_bytes is None or not sample.measured_by_kubelet \
+                or working_set is None:
             continue
         limits = _limits_bytes(sample)
         try:
@@ -169,7 +177,7 @@ def _pods(samples: Sequence[Sample], sizing: PolicySizing) -> list[_Pod]:
             continue  # Kata would not boot it under the proposal: validate says so for the class
         delta_bytes = int((vm - sample.vm_nominal_mib) * MIB) if sample.resident else 0
         pods.append(_Pod(sample.pod or f"line {sample.line}", sized.name, limits,
-                         sample.pod_working_set_bytes + delta_bytes))
+                         working_set + delta_bytes))
     return pods
 
 
@@ -202,7 +210,7 @@ def _refuted(sized: ClassSizing, runtime: Runtime, fit: Fit) -> tuple[str, ...]:
     leaves, so its largest pod cannot use its whole limit."""
     field, budget = (("defaultMemory", sized.default_memory_mib) if runtime is Runtime.GO
                      else ("overheadMemory", sized.overhead_memory_mib))
-    if ("default_memory" if runtime is Runtime.GO else "overhead_memory") not in sized.explicit:
+    if ("default_memory" if runtime is Runtime.GO else "overhead_memory") not in sized.explicit or budget is None:
         return ()
     vm = sized.largest_vm.memory_mib
     kept = fit.unusable_mib(vm)

@@ -56,8 +56,9 @@ class QuantityError(ValueError):
     """A string that is not a Kubernetes quantity, or not a valid one for its use."""
 
 
-def parse_quantity(text: str | int | float | Decimal) -> Decimal:
-    """The exact value of a Kubernetes quantity in its base unit (bytes or cores)."""
+def parse_quantity(text: object) -> Decimal:
+    """The exact value of a Kubernetes quantity in its base unit (bytes or cores): a string, an
+    int, a finite float or a Decimal; anything else raises QuantityError."""
     if isinstance(text, bool):
         raise QuantityError(f"{text!r} is not a quantity")
     if isinstance(text, float) and not math.isfinite(text):
@@ -103,7 +104,7 @@ def _parse_text(text: str) -> Decimal:
     return number * (Decimal(10) ** int(suffix[1:]))
 
 
-def memory_bytes(text: str | int | Decimal) -> int:
+def memory_bytes(text: object) -> int:
     """Memory in whole bytes; a fractional byte count is rounded up, as Kubernetes does."""
     value = parse_quantity(text)
     if value < 0:
@@ -111,7 +112,7 @@ def memory_bytes(text: str | int | Decimal) -> int:
     return int(value.to_integral_value(rounding="ROUND_CEILING"))
 
 
-def cpu_cores(text: str | int | float | Decimal) -> Decimal:
+def cpu_cores(text: object) -> Decimal:
     """CPU in cores, exact to the millicore (Kubernetes' own resolution)."""
     value = parse_quantity(text)
     if value < 0:

@@ -152,7 +152,7 @@ def render_drop_in(sizing: PolicySizing, sized: ClassSizing) -> str:
         if sizing.runtime.value == "Rust" else
         "# Go runtime: VM = default_memory + limits; default_memory is the guest budget.",
     ]
-    return "\n".join(header) + "\n\n" + sized.kata.to_toml()
+    return "\n".join(header) + "\n\n" + sized.kata_config.to_toml()
 
 
 def values_overlay(policy: KataSizingPolicy, sizing: PolicySizing, drop_ins: dict[str, str]) -> dict:

@@ -20,6 +20,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import Any
 
 from . import defaults
 from .defaults import Runtime, ShimInfo
@@ -228,7 +229,7 @@ def read_drop_in(text: object, base: KataConfig, where: str) -> DropInReading:
             "so no pod of this class starts", f"correct the TOML in {where}", "not TOML", "valid TOML"))
         return DropInReading(None, problems)
 
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}  # each value checked above against its key's type
     hypervisors = document.get("hypervisor")
     hypervisors = hypervisors if isinstance(hypervisors, dict) else {}
     for table_name in hypervisors:
@@ -402,7 +403,8 @@ def check_class(kata: KataConfig, pod_fixed: PodFixed | None, host: HostOverhead
                        "default_memory": "has no limits"}
             problem(Severity.ERROR if len(zero) == 2 else Severity.WARNING, Rule.SANDBOX_MEMORY_ZERO,
                     ", ".join(f"{key} 0" for key in zero), "a non-zero memory", (
-                        f"{sandbox_zero_message(kata.hypervisor)} (Kata refuses every pod of this class that {' or '.join(refused[key] for key in zero)})"),
+                        f"{sandbox_zero_message(kata.hypervisor)} (Kata refuses every pod of this class that "
+                        f"{' or '.join(refused[key] for key in zero)})"),
                     " and ".join(where.set_kata(kata, key, _shipped_overhead_memory(kata)
                                                 if key == "overhead_memory" else _fallback_mib()) for key in zero))
         if pod_fixed is not None:

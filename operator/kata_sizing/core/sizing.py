@@ -12,13 +12,22 @@ from decimal import Decimal
 from fractions import Fraction
 
 from . import defaults
-from .calibrate import Sample as SurveySample
 from .calibrate import MAX_RATIO, CalibrationError, Fit, fit_overhead
+from .calibrate import Sample as SurveySample
 from .defaults import Runtime
 from .model import Admission, KataSizingPolicy, KataSizingPolicySpec, SizeClass
 from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, memory_bytes, mib_ceil
 from .rules import (  # noqa: F401  (Problem and Severity are re-exported for the other modules)
-    HostOverhead, KataConfig, PodFixed, Problem, Rule, Severity, Where, check_class, check_shim, read_drop_in,
+    HostOverhead,
+    KataConfig,
+    PodFixed,
+    Problem,
+    Rule,
+    Severity,
+    Where,
+    check_class,
+    check_shim,
+    read_drop_in,
     sandbox_zero_message,
 )
 
@@ -89,6 +98,13 @@ class ClassSizing:
     envelope_memory_bytes: int = 0
     # The drop-in as Kata reads it back; every number above that Kata reads comes from it.
     kata: KataConfig | None = None
+
+    @property
+    def kata_config(self) -> KataConfig:
+        """The drop-in as Kata reads it back (known once the class is rendered)."""
+        if self.kata is None:
+            raise ValueError(f"class {self.name} has not been read back from its drop-in")
+        return self.kata
 
     @property
     def pod_fixed(self) -> dict[str, str]:
@@ -336,7 +352,7 @@ def check_invariants(classes: tuple[ClassSizing, ...], fn: OverheadFunction, adm
     for index, sized in enumerate(classes):
         where = _policy_where(index, sized.name)
         pod_fixed = PodFixed(sized.pod_fixed_memory_mib * MIB, sized.pod_fixed_cpu)
-        for problem in check_class(sized.kata, pod_fixed, host, where):
+        for problem in check_class(sized.kata_config, pod_fixed, host, where):
             if problem.rule == Rule.SANDBOX_CGROUP_ONLY and index:
                 continue  # one policy field: said once, not per class
             if problem.rule == Rule.SANDBOX_MEMORY_ZERO and problem.severity == Severity.WARNING:
@@ -364,9 +380,8 @@ def size_policy(policy: KataSizingPolicy) -> PolicySizing:
             f"the drop-in of spec.classes[{index}] ({size_class.name})")
         classes.append(sized)
         problems += reading_problems
-    classes = tuple(classes)
-    problems += check_invariants(classes, fn, spec.admission)
-    return PolicySizing(policy, runtime, hypervisor, fn, classes, tuple(problems))
+    problems += check_invariants(tuple(classes), fn, spec.admission)
+    return PolicySizing(policy, runtime, hypervisor, fn, tuple(classes), tuple(problems))
 
 
 # --- The VM simulator: each runtime's own rules (docs/sizing-model.md) ----------------------
@@ -378,7 +393,7 @@ class SandboxRefused(Exception):
 
 @dataclass(frozen=True)
 class SimulatedVm:
-    vm: Vm | None
+    vm: Vm
     vcpus_exact: Decimal | None = None
 
 
@@ -390,13 +405,16 @@ def _limit_mib_rust(memory_limit_bytes: int) -> int:
 def simulate_rust(
     cpu_limit: Decimal | None,
     memory_limit_bytes: int | None,
-    overhead_vcpus: Decimal,
-    overhead_memory_mib: int,
+    overhead_vcpus: Decimal | None,
+    overhead_memory_mib: int | None,
     default_vcpus: int,
     default_memory_mib: int,
     hypervisor: str = "qemu",
 ) -> SimulatedVm:
     """runtime-rs with static_sandbox_resource_mgmt = true."""
+    if overhead_vcpus is None or overhead_memory_mib is None:
+        raise ValueError("runtime-rs sizes a VM as the limits plus overhead_vcpus and overhead_memory: "
+                         "both must be known")
     if cpu_limit is None and memory_limit_bytes is None:
         if default_memory_mib == 0:
             raise SandboxRefused(sandbox_zero_message(hypervisor))
@@ -453,7 +471,7 @@ def explain_pod(
         )
     else:
         simulated = simulate_go(
-            cpu_limit, memory_limit_bytes, sized.default_vcpus, sized.kata.effective_default_memory_mib)
+            cpu_limit, memory_limit_bytes, sized.default_vcpus, sized.kata_config.effective_default_memory_mib)
     vm = simulated.vm
     accounted_cpu = (cpu_limit or Decimal(0)) + sized.pod_fixed_cpu
     accounted_bytes = (memory_limit_bytes or 0) + sized.pod_fixed_memory_mib * MIB

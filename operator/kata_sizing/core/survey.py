@@ -51,9 +51,9 @@ _POD_NAMES = (
 )
 
 
-def check_pod_names(pod: object, where: str) -> None:
-    """SurveyInputError unless the pod's names are ones the API server stores (a name with a comma,
-    a quote or a line break would otherwise reach the CSV)."""
+def check_pod_names(pod: object, where: str) -> dict:
+    """The pod, or SurveyInputError unless the pod's names are ones the API server stores (a name
+    with a comma, a quote or a line break would otherwise reach the CSV)."""
     if not isinstance(pod, dict):
         raise SurveyInputError(f"{where}: not a Pod (a mapping)")
     for part, key, problem_of, required in _POD_NAMES:
@@ -70,6 +70,7 @@ def check_pod_names(pod: object, where: str) -> None:
         problem = problem_of(value)
         if problem:
             raise SurveyInputError(f"{where}: {part}.{key}: {problem}")
+    return pod
 
 
 @dataclass
@@ -83,17 +84,18 @@ class PodIndex:
     pods: int = 0
 
     def add(self, pod: object, where: str) -> None:
-        check_pod_names(pod, where)
+        checked = check_pod_names(pod, where)
         self.pods += 1
-        found, why = read_kata_pod(pod, self.runtime_classes)
-        meta = pod.get("metadata") or {}
+        found, why = read_kata_pod(checked, self.runtime_classes)
+        meta = checked.get("metadata") or {}
         name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
         if why is not None:
             self.left_out.setdefault(why, []).append(name)
-        elif found is not None and found.node is None:
-            self.left_out.setdefault("not scheduled on a node yet", []).append(name)
         elif found is not None:
-            self.by_node.setdefault(found.node, {})[found.uid or name] = found
+            if found.node is None:
+                self.left_out.setdefault("not scheduled on a node yet", []).append(name)
+            else:
+                self.by_node.setdefault(found.node, {})[found.uid or name] = found
 
     def note(self, reason: str, pods: list[str]) -> None:
         self.left_out.setdefault(reason, []).extend(pods)

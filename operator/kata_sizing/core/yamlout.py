@@ -39,7 +39,7 @@ class _ReadsAsNonString:
         return not reads_as_string_in_go(value)
 
 
-class _GoSafeDumper(_Dumper):
+class _GoSafeDumper(_Dumper):  # type: ignore[misc, valid-type]  # the C or the Python dumper, chosen at import
     pass
 
 
