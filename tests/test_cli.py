@@ -521,20 +521,36 @@ def test_console_script_runs_cold_without_traceback(tmp_path):
     ]
 
 
-def test_cli_path_does_not_import_kopf_or_kubernetes(tmp_path):
+@pytest.mark.parametrize("argv, commands", [
+    (["render", "--node-capacity", "256Gi"], ["common", "proposals", "render"]),
+    (["validate"], ["common", "validate"]),
+], ids=["render", "validate"])
+def test_a_command_imports_only_its_own_module_and_nothing_of_the_operator(tmp_path, argv, commands):
+    """Only the command being run is imported (cli/__init__.py's registry), and neither kopf, the
+    kubernetes client, aiohttp nor matplotlib (without --plot)."""
+    command, *flags = argv
     probe = textwrap.dedent(f"""
         import contextlib, io, json, sys
         from kata_sizing.cli import main
         with contextlib.redirect_stdout(io.StringIO()):
-            code = main(["render", {str(ROOT / "examples" / "qemu-runtime-rs.yaml")!r},
-                         "--node-capacity", "256Gi"])
-        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("kopf", "kubernetes", "aiohttp"))
-        print(json.dumps({{"code": code, "heavy": heavy}}))
+            code = main([{command!r}, {str(ROOT / "examples" / "qemu-runtime-rs.yaml")!r}, *{flags!r}])
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("kopf", "kubernetes", "aiohttp", "matplotlib"))
+        commands = sorted(m.rpartition(".")[2] for m in sys.modules if m.startswith("kata_sizing.cli."))
+        print(json.dumps({{"code": code, "heavy": heavy, "commands": commands}}))
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                             env=_clean_env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"code": 0, "heavy": []}
+    assert json.loads(result.stdout) == {"code": 0, "heavy": [], "commands": commands}
+
+
+def test_every_command_is_in_the_help_in_the_registrys_order():
+    from kata_sizing.cli import COMMANDS, build_parser
+
+    help_text = build_parser().format_help()
+    listed = [line.split()[0] for line in help_text.split("COMMAND\n", 1)[1].splitlines()
+              if line.startswith("    ") and line.split() and not line.startswith("     ")]
+    assert listed == list(COMMANDS)
 
 
 def test_plain_render_loads_neither_node_guidance_nor_builds_the_status_models(tmp_path):

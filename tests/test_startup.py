@@ -85,7 +85,7 @@ def test_the_operator_turns_the_cyclic_collector_back_on(monkeypatch, tmp_path):
     args = cli.build_parser().parse_args(["operator", "--standalone"])
     gc.disable()
     try:
-        assert cli.cmd_operator(args) == 0
+        assert args.func(args) == 0  # cli.operator.run
         assert gc.isenabled()
     finally:
         gc.enable()

@@ -28,7 +28,7 @@ def main() -> int:
     # Start-up allocates what lives as long as the process (modules, classes, validators):
     # the cyclic collector's passes over it free nothing and cost about 3% of a render.
     # Inputs are bounded (bounded.MAX_INPUT_BYTES); `kata-sizing operator`, the one
-    # long-lived command, turns the collector back on (cli.cmd_operator).
+    # long-lived command, turns the collector back on (cli.operator.run).
     gc.disable()
     _no_pydantic_plugins()
     from .cli import main as cli_main
