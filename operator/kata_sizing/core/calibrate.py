@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 
+from kata_sizing.core import defaults
 from kata_sizing.core.kubegrammar import UINT64_MAX, name_problem
 from kata_sizing.core.quantity import MIB
 
@@ -53,7 +54,7 @@ __all__ = [
 
 # At ratio r a VM must grow by 1/(1 - r) MiB per MiB of limit, so r near 1 means the
 # budget diverges; 0.9 already means a 10x VM and is a broken measurement, not a guest.
-MAX_RATIO = Fraction(9, 10)
+MAX_RATIO = defaults.MAX_GUEST_MEMORY_RATIO
 RATIO_PLACES = 4
 
 _COLUMNS = (

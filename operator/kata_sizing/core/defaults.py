@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
+from fractions import Fraction
 
 
 class Runtime(str, Enum):
@@ -232,3 +233,8 @@ KUBELET_REQUEST_TIMEOUT_S = 10
 MEASUREMENT_WINDOW_S = 3600
 # Project choice (issue 16): a VMM with less than a tenth of its podFixed left is close to an OOM kill.
 HEADROOM_WARNING = "10%"
+
+# The guest memory ratio a fit or a policy may have: at ratio r a VM grows by 1/(1 - r) MiB per
+# MiB of limit, so r near 1 means the budget diverges; 0.9 already means a 10x VM and is a
+# broken measurement, not a guest (calibrate, sizing).
+MAX_GUEST_MEMORY_RATIO = Fraction(9, 10)

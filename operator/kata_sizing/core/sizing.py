@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from . import defaults
-from .calibrate import MAX_RATIO, CalibrationError, Fit, fit_overhead
-from .calibrate import Sample as SurveySample
+from .defaults import MAX_GUEST_MEMORY_RATIO as MAX_RATIO
 from .defaults import Runtime
 from .model import Admission, KataSizingPolicy, KataSizingPolicySpec, SizeClass
 from .quantity import MIB, cpu_cores, format_cpu, format_memory, format_mib, memory_bytes, mib_ceil
@@ -30,6 +30,9 @@ from .rules import (  # noqa: F401  (Problem and Severity are re-exported for th
     read_drop_in,
     sandbox_zero_message,
 )
+
+if TYPE_CHECKING:
+    from .calibrate import Fit
 
 
 # The guest budget formula (docs/sizing-model.md); its one home.
@@ -144,6 +147,10 @@ def _fit_samples(spec: KataSizingPolicySpec, margin: Decimal) -> tuple[Fit | Non
     rows = spec.overhead.samples
     if not rows:
         return None, []
+    # Only a policy with samples needs the fit (and its module: a plain render does not load it).
+    from .calibrate import CalibrationError, fit_overhead
+    from .calibrate import Sample as SurveySample
+
     try:
         return fit_overhead(margin=margin, samples=[
             SurveySample(
