@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from ..core.labels import OLD_ANNOTATIONS, OLD_FINALIZER
 from ..core.model import KataSizingPolicyStatus
 from . import metrics
 from .api_errors import Conflict, Invalid, NotFound
@@ -25,11 +26,6 @@ from .status import Conclusion, conclude, read_status, status_changed, status_fi
 
 log = logging.getLogger("kata_sizing.reconcile")
 
-# The finalizer and kopf's annotations an operator before this one kept on each policy
-# (kopf's progress and diff-base storage, under the same prefix): removed by the first pass.
-OLD_FINALIZER = "katasizing.dev/cleanup"
-OLD_ANNOTATIONS = ("katasizing.dev/last-handled-configuration", "katasizing.dev/apply", "katasizing.dev/resume",
-                   "katasizing.dev/cleanup")
 
 
 async def run_pass(state: OperatorState, name: str, trigger: str) -> Conclusion:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, cast
 
+from .labels import NAMESPACE_NAME_LABEL, POLICY_LABEL  # noqa: F401  (re-exported: the rule's label)
 from .model import LabelSelector
 from .quantity import MIB, QuantityError, cpu_cores, memory_bytes, shown
 
@@ -61,8 +62,6 @@ ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 # only (v1beta1 and v1alpha1 are off by default), checked on the real control plane by
 # tests/test_real_admission.py.
 MUTATING_API_VERSION = "admissionregistration.k8s.io/v1"
-POLICY_LABEL = "katasizing.dev/policy"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 RULE_MEMORY_LIMIT_MISSING = "pod-memory-limit-missing"
 RULE_ENVELOPE_EXCEEDED = "pod-envelope-exceeded"

@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import podfit, yamlout
+from .labels import (  # noqa: F401
+    CLASS_LABEL,
+    FLUX_WATCH_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POLICY_LABEL,
+    SHARED_ADMISSION,
+    SHARED_ANNOTATIONS,
+    SHARED_LABEL,
+)
 from .model import API_VERSION, KIND, KataSizingPolicy
 from .quantity import format_cpu, format_mib
 from .sizing import ClassSizing, PolicySizing, Problem, size_policy
@@ -23,24 +33,6 @@ from .sizing import ClassSizing, PolicySizing, Problem, size_policy
 if TYPE_CHECKING:  # guidance loads only when nodes are given (the CLI's default render has none)
     from .guidance import NodeFacts, NodeGroupGuidance
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "kata-sizing"
-POLICY_LABEL = "katasizing.dev/policy"
-CLASS_LABEL = "katasizing.dev/class"
-# On the admission policies every KataSizingPolicy shares (podfit.shared_admission_specs).
-SHARED_LABEL = "katasizing.dev/shared"
-SHARED_ADMISSION = "admission"
-# ...and the marks that keep a GitOps tool from pruning them with one application (docs/gitops.md):
-# Flux's kustomize-controller and Argo CD leave an object so marked when it leaves an application.
-# Each is a mark, not an owner: the install (or the one application that applies
-# `render --shared`) owns them.
-SHARED_ANNOTATIONS = {
-    "kustomize.toolkit.fluxcd.io/prune": "disabled",
-    "argocd.argoproj.io/sync-options": "Prune=false",
-}
-# Flux's helm-controller re-runs a HelmRelease as soon as a ConfigMap it reads with valuesFrom
-# changes, if that ConfigMap carries this label (otherwise only at the release's interval).
-FLUX_WATCH_LABEL = "reconcile.fluxcd.io/watch"
 
 VALUES_KEY = "values.yaml"
 SUMMARY_KEY = "summary.txt"
