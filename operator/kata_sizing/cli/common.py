@@ -1,4 +1,5 @@
-"""What several commands share: reading input files (bounded), the policies in them, checked flag values, exit codes."""
+"""What several commands share: reading input files (bounded), the policies in them, checked
+flag values, exit codes."""
 
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ from ..core.bounded import InputError
 from ..core.model import KataSizingPolicy, PolicyError, parse_policy, policy_set_problems
 from ..core.quantity import QuantityError
 
+# Exit codes: 0 ok, 1 the policy (or the audited install) breaks a rule, 2 the input cannot be read.
 EXIT_OK = 0
-
-
 EXIT_INVALID = 1
-
-
 EXIT_UNREADABLE = 2
 
 
