@@ -52,9 +52,7 @@ __all__ = [
     "parse_samples_csv",
 ]
 
-# At ratio r a VM must grow by 1/(1 - r) MiB per MiB of limit, so r near 1 means the
-# budget diverges; 0.9 already means a 10x VM and is a broken measurement, not a guest.
-MAX_RATIO = defaults.MAX_GUEST_MEMORY_RATIO
+MAX_RATIO = defaults.MAX_GUEST_MEMORY_RATIO  # 0.9: defaults.py says why
 RATIO_PLACES = 4
 
 _COLUMNS = (
