@@ -553,19 +553,18 @@ def test_every_command_is_in_the_help_in_the_registrys_order():
     assert listed == list(COMMANDS)
 
 
-def test_plain_render_loads_neither_node_guidance_nor_builds_the_status_models(tmp_path):
+def test_plain_render_loads_neither_node_guidance_nor_the_status_models(tmp_path):
     # A cold `kata-sizing render` is mostly imports and model construction; what it does not
     # need stays out (make bench's helm section shows the import profile).
     probe = textwrap.dedent(f"""
         import contextlib, io, json, sys
         from kata_sizing.cli import main
-        from kata_sizing.core import model
         with contextlib.redirect_stdout(io.StringIO()):
             code = main(["render", {str(ROOT / "examples" / "qemu-runtime-rs.yaml")!r}])
-        built = [c.__name__ for c in (model.KataSizingPolicyStatus, model.Condition) if c.__pydantic_complete__]
-        print(json.dumps({{"code": code, "guidance": "kata_sizing.core.guidance" in sys.modules, "built": built}}))
+        print(json.dumps({{"code": code, "guidance": "kata_sizing.core.guidance" in sys.modules,
+                          "status": "kata_sizing.core.statusmodel" in sys.modules}}))
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                             env=_clean_env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"code": 0, "guidance": False, "built": []}
+    assert json.loads(result.stdout) == {"code": 0, "guidance": False, "status": False}

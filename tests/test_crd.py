@@ -17,7 +17,7 @@ import pydantic
 import pytest
 import yaml
 
-from kata_sizing.core import crdgen, model, quantity
+from kata_sizing.core import crdgen, model, quantity, statusmodel
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_FILE = ROOT / "crds" / "katasizingpolicies.katasizing.dev.yaml"
@@ -389,7 +389,7 @@ def test_design_example_is_valid(validator: jsonschema.Draft4Validator) -> None:
     }
     assert schema_errors(validator, policy(EXAMPLE_SPEC, status)) == []
     assert model_accepts(EXAMPLE_SPEC)
-    model.KataSizingPolicyStatus.model_validate(status)
+    statusmodel.KataSizingPolicyStatus.model_validate(status)
 
 
 def test_minimal_policy_is_valid(validator: jsonschema.Draft4Validator) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from kata_sizing.controller.measurement import Clock, MeasuredPolicy, MeasurementLoop, next_turn, phase_s
 from kata_sizing.core.headroom import HeadroomThreshold
 from kata_sizing.core.measure import KataPod
-from kata_sizing.core.model import MeasurementStatus
+from kata_sizing.core.statusmodel import MeasurementStatus
 
 MIB = 2**20
 INTERVAL_S = 60.0

@@ -70,7 +70,7 @@ class Fleet:
 def valid_status(emu, policy: str) -> dict:
     """The policy's status, checked against the CRD's schema models (the API server would prune
     a field they do not name)."""
-    from kata_sizing.core.model import KataSizingPolicyStatus
+    from kata_sizing.core.statusmodel import KataSizingPolicyStatus
 
     found = status(emu, policy)
     KataSizingPolicyStatus.model_validate(found)

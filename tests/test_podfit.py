@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
-from kata_sizing.core import podfit
+from kata_sizing.core import podfit, podread
 from kata_sizing.core.model import PolicyError, parse_policy
 from kata_sizing.core.render import render_policy
 from kata_sizing.core.sizing import size_policy
@@ -131,7 +131,7 @@ def findings_of(case: Case, sizing=None) -> list[podfit.PodFinding]:
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_effective_limits(case: Case) -> None:
-    got = podfit.pod_limits(case.pod())
+    got = podread.pod_limits(case.pod())
     assert (got.cpu_millis, got.memory_bytes) == (case.expect_cpu, case.expect_memory)
     assert got.memory_missing == (MISSING in case.rules or case.name == "out-of-scope-without-limits")
 
@@ -174,7 +174,7 @@ def test_messages_name_the_figures_the_envelope_and_the_smallest_fit() -> None:
 ])
 def test_route_picks_the_smallest_class_at_every_boundary(cpu, memory, expected) -> None:
     sizing = sizing_of()
-    fit = podfit.route(podfit.pod_limits({"containers": [limits(cpu, memory)]}), sizing)
+    fit = podfit.route(podread.pod_limits({"containers": [limits(cpu, memory)]}), sizing)
     assert (fit.runtime_class if fit else None) == expected
     pod = Case("r", (limits(cpu, memory),), None, None, runtime_class=None, namespace=ROUTED,
                labels={podfit.POLICY_LABEL: "fit"}).pod()
@@ -229,7 +229,7 @@ def test_workload_templates_are_read_like_pods(kind, wrap) -> None:
     pod = {c.name: c for c in CASES}["init-after-a-sidecar-counts-it"].pod()
     workload = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w", "namespace": IN},
                 **wrap(pod["spec"], {"labels": {"app": "w"}})}
-    assert podfit.pod_spec_of(workload) == pod["spec"]
+    assert podread.pod_spec_of(workload) == pod["spec"]
     [finding] = podfit.check_pod(workload, sizing_of())
     assert finding.rule == EXCEEDED and finding.name == "w" and finding.namespace == IN
 
@@ -244,8 +244,8 @@ def test_workload_templates_are_read_like_pods(kind, wrap) -> None:
      "spec.containers[0].resources.limits: not a mapping"),
 ])
 def test_unreadable_pods_name_the_field(document, message) -> None:
-    with pytest.raises(podfit.PodInputError, match=None) as caught:
-        podfit.pod_limits(document)
+    with pytest.raises(podread.PodInputError, match=None) as caught:
+        podread.pod_limits(document)
     assert message in str(caught.value)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kata_sizing.core import podfit
+from kata_sizing.core import podfit, podread
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.sizing import size_policy
 from tests.realcluster import ControlPlane, poll
@@ -355,7 +355,7 @@ def test_a_pod_with_hundreds_of_init_containers_stays_within_the_cel_cost_limit(
                   runtime_class="kata-fit-l").pod()
     over = Case("many-inits-over", (limits("3851m", "1Gi"),), None, None, init_containers=inits,
                 runtime_class="kata-fit-l").pod()
-    assert podfit.pod_limits(inside).cpu_millis == 4000
+    assert podread.pod_limits(inside).cpu_millis == 4000
     proc = dry_run(cp, [inside, over])
     assert "pod/many-inits created (server dry run)" in proc.stdout, proc.stderr
     [finding] = podfit.check_pod(over, size_policy(parse_policy(POLICY_BODY)))

@@ -27,9 +27,10 @@ from kata_sizing.controller.plan import build_desired
 from kata_sizing.controller.retry import RetryLater
 from kata_sizing.controller.state import DesiredCache, OperatorState, PolicyRecord
 from kata_sizing.core import podfit
-from kata_sizing.core.model import KIND, KataSizingPolicyStatus, PodAuditStatus, parse_policy
+from kata_sizing.core.model import KIND, parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from kata_sizing.core.sizing import size_policy
+from kata_sizing.core.statusmodel import KataSizingPolicyStatus, PodAuditStatus
 from tests.operator_helpers import example
 
 NAME = "qemu-rs"

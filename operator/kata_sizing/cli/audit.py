@@ -61,13 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _audit_pods(args: argparse.Namespace) -> int:
     """audit --pods: stored pods against their class (podfit, the admission policies' rule)."""
-    from ..core.audit import (
-        AuditError,
-        audit_pods,
-        format_pods_text,
-        namespace_labels_from_documents,
-        pods_from_documents,
-    )
+    from ..core.audit import AuditError
+    from ..core.podaudit import audit_pods, format_pods_text, namespace_labels_from_documents, pods_from_documents
 
     if args.values is not None or args.runtime_classes:
         raise InputError("--pods audits pods against policies; give VALUES.yaml/RUNTIMECLASSES.yaml in a separate run")

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 def _explain_pods(args: argparse.Namespace) -> int:
     """explain --pod: the class each pod lands in, its VM, what Kubernetes accounts and what the
     admission policies say (podfit, the rule the API server runs as CEL)."""
-    from ..core import podfit
+    from ..core import podfit, podread
     from ..core.sizing import SandboxRefused, explain_pod, size_policy
 
     if args.class_name or args.cpu or args.memory:
@@ -106,10 +106,10 @@ def _explain_pods(args: argparse.Namespace) -> int:
     for index, document in enumerate(documents):
         where = args.pod + (f" (document {index + 1})" if len(documents) > 1 else "")
         try:
-            spec = podfit.pod_spec_of(document)
-            limits = podfit.pod_limits(spec)
-            metadata = podfit.pod_metadata_of(document)
-        except podfit.PodInputError as exc:
+            spec = podread.pod_spec_of(document)
+            limits = podread.pod_limits(spec)
+            metadata = podread.pod_metadata_of(document)
+        except podread.PodInputError as exc:
             raise InputError(f"{where}: {exc}") from None
         namespace = str(metadata.get("namespace") or "default")
         name = str(metadata.get("name") or metadata.get("generateName") or "")

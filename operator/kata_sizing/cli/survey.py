@@ -103,7 +103,8 @@ def _lines(path: str):
 def _saved_pods(path: str, index) -> None:
     """`kubectl get pods -A -o yaml` into `index`, a pod at a time (core/podlist.py); text laid out
     otherwise (JSON, several documents) is read whole, within the 4 MiB of any input."""
-    from ..core.audit import AuditError, pods_from_documents
+    from ..core.audit import AuditError
+    from ..core.podaudit import pods_from_documents
     from ..core.podlist import SPLIT, NotStreamable, read_pod_list
 
     def wanted(text: str) -> bool:

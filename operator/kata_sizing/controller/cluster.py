@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from ..core.guidance import NodeFacts
+from ..core.labels import POLICY_LABEL
 from ..core.measure import KataPod, kata_pod
-from ..core.podfit import POLICY_LABEL, PodInputError, PodLimits, pod_limits
+from ..core.podread import PodInputError, PodLimits, pod_limits
 from ..core.quantity import QuantityError, cpu_cores, memory_bytes
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ..core.model import Condition
+from ..core.statusmodel import Condition
 
 # Condition types.
 READY = "Ready"

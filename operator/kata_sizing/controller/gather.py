@@ -13,10 +13,11 @@ from collections.abc import Callable, Hashable, Mapping
 
 from ..core import defaults
 from ..core.audit import audit_runtime_classes
-from ..core.model import KataSizingPolicyStatus, PolicyError, ProposalStatus, parse_policy
+from ..core.model import PolicyError, parse_policy
 from ..core.podfit import check_limits
 from ..core.proposal import proposal_status
 from ..core.sizing import PolicySizing, size_policy
+from ..core.statusmodel import KataSizingPolicyStatus, ProposalStatus
 from . import cluster
 from .compare import is_ours
 from .kinds import ObjKey

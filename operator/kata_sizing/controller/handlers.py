@@ -22,8 +22,10 @@ from typing import Any
 import aiohttp
 import kopf
 
+from ..core.labels import POLICY_LABEL
 from ..core.model import GROUP, PLURAL, VERSION
-from ..core.podfit import POLICY_LABEL, PodInputError, route_patch
+from ..core.podfit import route_patch
+from ..core.podread import PodInputError
 from . import gather, metrics, worker
 from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from ..core.headroom import HeadroomThreshold, mib_text
 from ..core.measure import KataPod, LowHeadroom, MeasurementState, SummaryError, read_summary
-from ..core.model import HeadroomLowPod, MeasuredClass, MeasurementStatus, SkippedNode
+from ..core.statusmodel import HeadroomLowPod, MeasuredClass, MeasurementStatus, SkippedNode
 from . import conditions as cond
 from . import metrics
 

@@ -14,18 +14,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ..core.model import (
-    API_VERSION,
-    KIND,
-    KataSizingPolicy,
-    KataSizingPolicyStatus,
-    MeasurementStatus,
-    PolicyError,
-    ProposalStatus,
-    parse_policy,
-)
+from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from ..core.render import Rendered, configmap_names, render_policy
 from ..core.sizing import PolicySizing, Severity, size_policy
+from ..core.statusmodel import KataSizingPolicyStatus, MeasurementStatus, ProposalStatus
 from .compare import corrected, differences, is_ours
 from .kinds import ObjKey, describe, obj_key
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ..core.labels import OLD_ANNOTATIONS, OLD_FINALIZER
-from ..core.model import KataSizingPolicyStatus
+from ..core.statusmodel import KataSizingPolicyStatus
 from . import metrics
 from .api_errors import Conflict, Invalid, NotFound
 from .execute import DONE, execute

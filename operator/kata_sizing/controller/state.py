@@ -8,8 +8,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.model import KataSizingPolicyStatus
 from ..core.sizing import PolicySizing
+from ..core.statusmodel import KataSizingPolicyStatus
 from .compare import is_ours
 from .events import EventSink
 from .informer import ChildCache, Informer

@@ -2,7 +2,7 @@
 the plan and what the executor reports (docs/operation.md: Status, Events).
 
 The status is the pydantic model the CRD's schema is generated from
-(`core.model.KataSizingPolicyStatus`), built here and dumped once, when it is written
+(`core.statusmodel.KataSizingPolicyStatus`), built here and dumped once, when it is written
 (`status_fields`). What an event or a status line says about an object comes from the reason
 `plan.decide` gave with its action (`_said`), never from looking at the object again.
 """
@@ -16,10 +16,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..core.model import (
+from ..core.model import KataSizingPolicy, Resources
+from ..core.quantity import format_cpu, format_mib, format_vcpus
+from ..core.render import Rendered
+from ..core.sizing import PolicySizing
+from ..core.statusmodel import (
     ClassStatus,
     Condition,
-    KataSizingPolicy,
     KataSizingPolicyStatus,
     LargestVm,
     MeasurementStatus,
@@ -29,12 +32,8 @@ from ..core.model import (
     PodAuditFinding,
     PodAuditStatus,
     ProposalStatus,
-    Resources,
     UnmanagedRuntimeClass,
 )
-from ..core.quantity import format_cpu, format_mib, format_vcpus
-from ..core.render import Rendered
-from ..core.sizing import PolicySizing
 from . import conditions as cond
 from .execute import CONFLICTED, DONE, FAILED, GONE, REFUSED, Outcome
 from .kinds import describe

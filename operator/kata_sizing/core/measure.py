@@ -29,7 +29,7 @@ from datetime import datetime
 from .defaults import KUBELET_MAX_REFRESH_S
 from .headroom import HeadroomThreshold, mib_text
 from .kubegrammar import UINT64_MAX
-from .podfit import PodInputError, PodLimits, pod_limits, pod_spec_of
+from .podread import PodInputError, PodLimits, pod_limits, pod_spec_of
 from .quantity import QuantityError, memory_bytes
 
 __all__ = [
@@ -65,7 +65,7 @@ class KataPod:
     pod: str  # namespace/name
     runtime_class: str
     node: str | None
-    # The memory limits Kubernetes sums (podfit.pod_limits); None when some container has none.
+    # The memory limits Kubernetes sums (podread.pod_limits); None when some container has none.
     memory_limit_bytes: int | None
     # spec.overhead.memory: the RuntimeClass's podFixed when the pod was admitted (0 without).
     pod_fixed_memory_bytes: int
@@ -87,7 +87,7 @@ class KataPod:
 def kata_pod(pod: Mapping, runtime_classes: Container[str] | None, limits: PodLimits | None = None) -> KataPod | None:
     """The pod as the measurement needs it, or None when it is not of one of `runtime_classes`
     (None: of any runtime class), has finished, or its spec cannot be read (the API server
-    validated it; nothing to measure). `limits`: podfit.pod_limits of its spec, when the caller
+    validated it; nothing to measure). `limits`: podread.pod_limits of its spec, when the caller
     has them already."""
     return read_kata_pod(pod, runtime_classes, limits)[0]
 

@@ -1,29 +1,26 @@
-"""The KataSizingPolicy custom resource as pydantic v2 models.
+"""The KataSizingPolicy custom resource as pydantic v2 models: its spec, and reading a policy
+(`parse_policy`, one line per problem with its path).
 
-These models are the single source of the CRD schema (`python -m kata_sizing.core.crdgen`).
+With `statusmodel` (what the operator writes) and `modelbase` (the quantity types and the base
+model) these models are the single source of the CRD schema (`python -m kata_sizing.core.crdgen`).
 Quantities stay as the strings the user wrote (so a policy round-trips) and are checked
 here; `sizing` parses them exactly with `quantity`.
 """
 
 # No `from __future__ import annotations`: pydantic would compile and evaluate every field's
 # annotation from its string when the models are built, on each CLI start.
-import re
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import Annotated, Final, Literal
+from typing import Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from . import bounded, defaults
 from .defaults import Runtime
@@ -38,147 +35,34 @@ from .kubegrammar import (
     label_value_problem,
     toleration_problems,
 )
-from .quantity import QuantityError, cpu_cores, memory_bytes
+from .modelbase import (  # noqa: F401  (the API's names, importable from the model as before)
+    API_VERSION,
+    DECIMAL_PATTERN,
+    GROUP,
+    INT64_MAX,
+    KIND,
+    MAX_DECIMAL_CHARS,
+    MAX_HANDLER_LENGTH,
+    PLURAL,
+    SHORT_NAME,
+    VERSION,
+    ApiModel,
+    CpuQuantity,
+    DecimalString,
+    MemoryQuantity,
+    Resources,
+    as_quantity_text,
+    check_memory,
+    described,
+    format_decimal_error,
+    yaml_boolean_hint,
+)
+from .quantity import cpu_cores, memory_bytes
 from .rules import MAX_VCPUS
 from .yamlout import reads_as_string_in_go
 
-GROUP = "katasizing.dev"
-VERSION = "v1alpha1"
-API_VERSION: Final = "katasizing.dev/v1alpha1"  # a literal, for the model's Literal type
-assert API_VERSION == f"{GROUP}/{VERSION}"
-KIND: Final = "KataSizingPolicy"
-PLURAL = "katasizingpolicies"
-SHORT_NAME = "ksp"
 
-# RuntimeClass.handler must be a DNS label (k8s.io/api/node/v1), so the whole name is one.
-MAX_HANDLER_LENGTH = 63
-
-_INT_OR_STRING = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
-
-
-INT64_MAX = 2**63 - 1
-
-
-def _as_quantity_text(value: object) -> object:
-    """An int-or-string quantity field: the API server takes an integer or a string there and
-    refuses a boolean or a number with a fraction (docs/inputs.md)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{_described(value)} is not a quantity; the API server takes an integer or a string "
-                         "here (x-kubernetes-int-or-string)" + _yaml_boolean_hint(value))
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, Decimal):  # Python callers (calibrate); never from YAML or JSON
-        return format(value, "f")
-    if isinstance(value, float):
-        raise ValueError(f"{_described(value)} is not an integer, and the API server takes only an integer or a "
-                         f"string here (x-kubernetes-int-or-string): write \"{_number_text(value)}\" in quotes")
-    return value
-
-
-def _number_text(value: float) -> str:
-    return format(Decimal(repr(value)), "f") if abs(value) < 1e21 else repr(value)
-
-
-def _described(value: object) -> str:
-    """A value as a message names it, with its type, bounded and on one line."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"the boolean {'true' if value else 'false'}"
-    if isinstance(value, int):
-        return f"the integer {value}"
-    if isinstance(value, float):
-        return f"the number {value!r}"
-    if isinstance(value, str):
-        return f"the string {value[:60]!r}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
-
-
-def _yaml_boolean_hint(value: object) -> str:
-    # go-yaml (kubectl, Helm, the API server) reads YAML 1.1: these words unquoted are booleans.
-    if isinstance(value, bool):
-        return "; YAML reads an unquoted y, n, yes, no, on, off, true or false as a boolean: quote it"
-    return ""
-
-
-def _check_memory(text: str) -> str:
-    try:
-        memory_bytes(text)
-    except QuantityError as exc:
-        raise ValueError(str(exc)) from None
-    return text
-
-
-def _check_cpu(text: str) -> str:
-    try:
-        cpu_cores(text)
-    except QuantityError as exc:
-        raise ValueError(str(exc)) from None
-    return text
-
-
-# The CRD's pattern for these fields; Decimal() alone would also take " 0.5", "0_5", "1e3",
-# "Infinity" and non-ASCII digits, which the API server refuses.
-DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
-_DECIMAL = re.compile(DECIMAL_PATTERN, re.ASCII)
-# Digits a person writes for a fraction; enough for 0.49999999999999999999999999999.
-MAX_DECIMAL_CHARS = 40
-
-
-def format_decimal_error(text: str, at_most: int | None = None) -> str | None:
-    """Why `text` is not a decimal fraction field (ratio, margin, overheadVcpus), or None."""
-    if text.startswith("-") and _DECIMAL.fullmatch(text[1:]):
-        return f"{text!r} must be a finite number >= 0"
-    if len(text) > MAX_DECIMAL_CHARS or not _DECIMAL.fullmatch(text):
-        return (f"{text[:MAX_DECIMAL_CHARS]!r} is not a decimal number of at most "
-                f"{MAX_DECIMAL_CHARS} characters (example: \"0.14\")")
-    if at_most is not None and Decimal(text) > at_most:
-        return f"{text} is above {at_most}; use a fraction such as 0.10"
-    return None
-
-
-def _check_fraction(text: str) -> str:
-    problem = format_decimal_error(text)
-    if problem:
-        raise ValueError(problem)
-    return text
-
-
-MemoryQuantity = Annotated[
-    str, BeforeValidator(_as_quantity_text), AfterValidator(_check_memory), WithJsonSchema(_INT_OR_STRING)
-]
-CpuQuantity = Annotated[
-    str, BeforeValidator(_as_quantity_text), AfterValidator(_check_cpu), WithJsonSchema(_INT_OR_STRING)
-]
-# The CRD types these as strings (a fraction must not pass through a binary float), so a YAML
-# number is refused, as the API server refuses it.
-DecimalString = Annotated[
-    str,
-    AfterValidator(_check_fraction),
-    WithJsonSchema({"type": "string", "pattern": DECIMAL_PATTERN, "maxLength": MAX_DECIMAL_CHARS}),
-]
-
-
-class _Model(BaseModel):
-    # strict: a field gets exactly the JSON type the CRD's structural schema gives it, as the
-    # API server holds it; no "false" for false, no "2" for 2 (docs/inputs.md).
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
-    )
-
-
-class Resources(_Model):
-    """A cpu/memory pair, as in RuntimeClass.overhead.podFixed."""
-
-    cpu: CpuQuantity = Field(description="CPU, as a Kubernetes quantity (600m, 1).")
-    memory: MemoryQuantity = Field(description="Memory, as a Kubernetes quantity (160Mi, 1Gi).")
-
-
-class Sample(_Model):
+class Sample(ApiModel):
     """One survey row (docs/sizing-model.md): a VM of known size and what it could use."""
 
     container_limit_mib: int = Field(ge=0, description="The container's memory limit, MiB.")
@@ -191,7 +75,7 @@ class Sample(_Model):
     )
 
 
-class SurveyRef(_Model):
+class SurveyRef(ApiModel):
     """A `kata-sizing survey` CSV kept in a ConfigMap (docs/measurement.md): the operator refits
     the overhead function from it and proposes the result in status; it never applies it."""
 
@@ -222,7 +106,7 @@ class SurveyRef(_Model):
         return value
 
 
-class Overhead(_Model):
+class Overhead(ApiModel):
     """The overhead function; unset fields take the shim family's defaults (defaults.py)."""
 
     guest_memory_base: MemoryQuantity | None = Field(
@@ -293,7 +177,7 @@ class Overhead(_Model):
         return value
 
 
-class Fallback(_Model):
+class Fallback(ApiModel):
     """default_vcpus/default_memory: the VM of a pod without limits."""
 
     cpu: CpuQuantity = Field(
@@ -310,7 +194,7 @@ class Fallback(_Model):
         return value
 
 
-class SizeClass(_Model):
+class SizeClass(ApiModel):
     """One size class: the largest pod it serves, and optional measured values."""
 
     name: str = Field(description="DNS label; RuntimeClass and handler <namePrefix>-<name>.")
@@ -380,7 +264,7 @@ def _check_labels(labels: dict[str, str]) -> dict[str, str]:
     return labels
 
 
-class Toleration(_Model):
+class Toleration(ApiModel):
     """A toleration copied into each RuntimeClass's scheduling (core/v1 Toleration)."""
 
     key: str | None = Field(default=None, description="The taint key; empty with Exists matches all.")
@@ -402,7 +286,7 @@ class Toleration(_Model):
         return self
 
 
-class RuntimeClassSpec(_Model):
+class RuntimeClassSpec(ApiModel):
     """The RuntimeClasses: names, scheduling and who creates them."""
 
     name_prefix: str | None = Field(
@@ -442,7 +326,7 @@ class RuntimeClassSpec(_Model):
         return value
 
 
-class Nodes(_Model):
+class Nodes(ApiModel):
     """The Kata nodes and their kubelet reservations, for the node guidance."""
 
     selector: dict[str, str] = Field(
@@ -469,13 +353,13 @@ class Nodes(_Model):
     @field_validator("infra_pod_memory", mode="before")
     @classmethod
     def _auto_or_quantity(cls, value: object) -> object:
-        value = _as_quantity_text(value)
+        value = as_quantity_text(value)
         if isinstance(value, str) and value != "auto":
-            _check_memory(value)
+            check_memory(value)
         return value  # anything but a string fails the field's own str type check
 
 
-class Output(_Model):
+class Output(ApiModel):
     """Where the ConfigMaps go."""
 
     namespace: str = Field(default="kata-sizing", description="Namespace of the ConfigMaps.")
@@ -488,7 +372,7 @@ class Output(_Model):
         return value
 
 
-class LabelSelectorRequirement(_Model):
+class LabelSelectorRequirement(ApiModel):
     """A metav1.LabelSelectorRequirement."""
 
     key: str = Field(description="The label key.")
@@ -521,7 +405,7 @@ class LabelSelectorRequirement(_Model):
         return self
 
 
-class LabelSelector(_Model):
+class LabelSelector(ApiModel):
     """A metav1.LabelSelector: every matchLabels pair and every expression must hold."""
 
     match_labels: dict[str, str] = Field(default_factory=dict, description="Labels the namespace must carry.")
@@ -531,7 +415,7 @@ class LabelSelector(_Model):
     _match_labels = field_validator("match_labels")(_check_labels)
 
 
-class AdmissionNamespaces(_Model):
+class AdmissionNamespaces(ApiModel):
     """Where the admission policies apply; both given: a namespace must match both."""
 
     names: list[str] | None = Field(
@@ -550,7 +434,7 @@ class AdmissionNamespaces(_Model):
 AdmissionAction = Literal["Deny", "Warn", "Audit"]
 
 
-class Admission(_Model):
+class Admission(ApiModel):
     """Pods and their class (docs/admission.md): ValidatingAdmissionPolicies that hold Kata pods
     to their class's envelope and a memory limit, and a MutatingAdmissionPolicy that routes pods
     labelled katasizing.dev/policy=<this policy> without a runtimeClassName to the smallest
@@ -580,7 +464,7 @@ def _check_headroom_warning(text: str) -> str:
     return text
 
 
-class Measurement(_Model):
+class Measurement(ApiModel):
     """What the operator measures of this policy's pods on their nodes (docs/measurement.md)."""
 
     enabled: bool = Field(
@@ -610,7 +494,7 @@ class Measurement(_Model):
         return self
 
 
-class KataSizingPolicySpec(_Model):
+class KataSizingPolicySpec(ApiModel):
     shim: str = Field(description="A kata-deploy shim name, used as baseConfig.")
     runtime: Literal["Rust", "Go"] | None = Field(
         default=None, description="Rust: VM = limits + overhead_*; Go: VM = default_memory + limits."
@@ -715,223 +599,8 @@ class ObjectMeta(BaseModel):
         return value
 
 
-class _Status(_Model):
-    """Status is written by the operator and never parsed from input (parse_policy drops it):
-    these models are built on first use (crdgen, the tests), not on every CLI run."""
 
-    model_config = ConfigDict(defer_build=True, strict=False)
-
-
-class Condition(_Status):
-    """A Kubernetes condition: Valid, InSync, Conflict or Ready."""
-
-    type: str = Field(description="Valid, InSync, Conflict or Ready.")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="One CamelCase word saying why (shown by kubectl get ksp).")
-    message: str = Field(default="", description="What is wrong, for people.")
-    observed_generation: int | None = Field(
-        default=None, description="The policy generation this condition describes."
-    )
-    last_transition_time: str | None = Field(
-        default=None, description="When status last changed (RFC 3339)."
-    )
-
-
-class LargestVm(_Status):
-    """The VM Kata boots for the largest pod of a class."""
-
-    vcpus: int = Field(description="vCPUs at boot.")
-    memory_mib: int = Field(alias="memoryMiB", description="VM memory, MiB.")
-
-
-class ClassStatus(_Status):
-    """One sized class as applied."""
-
-    name: str = Field(description="The class name.")
-    runtime_class: str = Field(description="The RuntimeClass (and handler) name.")
-    pod_fixed: Resources = Field(description="The RuntimeClass overhead.podFixed.")
-    overhead_vcpus: str | None = Field(default=None, description="overhead_vcpus in the drop-in (Rust runtime).")
-    overhead_memory: str | None = Field(default=None, description="overhead_memory in the drop-in (Rust runtime).")
-    default_vcpus: int = Field(description="default_vcpus in the drop-in.")
-    default_memory: str = Field(description="default_memory in the drop-in.")
-    largest_vm: LargestVm = Field(description="The VM of the class's largest pod.")
-
-
-class NodesStatus(_Status):
-    seen: int = Field(default=0, description="Nodes matching spec.nodes.selector.")
-    groups: int = Field(default=0, description="Groups of identical nodes in the guidance ConfigMap.")
-    with_warnings: int = Field(default=0, description="Nodes whose guidance carries a warning.")
-
-
-class OverheadStatus(_Status):
-    """The overhead function in effect: the policy's fields, a fit of its samples, or defaults."""
-
-    guest_memory_base: str = Field(description="Memory the guest keeps whatever its size.")
-    guest_memory_ratio: str = Field(description="Fraction of VM memory the workload cannot use.")
-    guest_cpu: str = Field(description="Guest CPU budget.")
-    host_memory: str = Field(description="Host-side memory outside the VM.")
-    host_cpu: str = Field(description="Host-side CPU.")
-    margin: str = Field(description="Safety margin on the guest budget.")
-    fitted: bool = Field(default=False, description="True when fitted from spec.overhead.samples.")
-
-
-class UnmanagedRuntimeClass(_Status):
-    """A RuntimeClass with a Kata handler that no policy manages, and what is wrong with it."""
-
-    runtime_class: str = Field(description="The RuntimeClass name.")
-    handler: str | None = Field(default=None, description="Its handler.")
-    severity: Literal["error", "warning"] = Field(description="error: pods are under-accounted; warning: a risk.")
-    rule: str = Field(description="The sizing rule it breaks.")
-    message: str = Field(description="What is wrong, with the two values.")
-    fix: str = Field(default="", description="How to fix it.")
-
-
-class PodAuditCount(_Status):
-    """How many running pods of one class break one rule."""
-
-    class_name: str = Field(alias="class", description="The class (none: a pod asking to be routed that has no class).")
-    rule: str = Field(description="The rule id (docs/rules.md): pod-envelope-exceeded, pod-memory-limit-missing, "
-                      "pod-not-routed, pod-sandbox-memory-zero.")
-    pods: int = Field(description="Pods breaking it.")
-
-
-class PodAuditFinding(_Status):
-    """One running pod outside its class, with the admission policies' message."""
-
-    pod: str = Field(description="namespace/name.")
-    runtime_class: str = Field(description="Its runtimeClassName (empty: none).")
-    class_name: str = Field(alias="class", description="The policy's class of that RuntimeClass.")
-    rule: str = Field(description="The rule it breaks.")
-    action: Literal["Deny", "Warn", "Audit"] = Field(description="What spec.admission does with the rule at admission.")
-    message: str = Field(description="The pod's figures, the class envelope and the smallest class that fits.")
-
-
-class PodAuditStatus(_Status):
-    """Kata pods of this policy's classes that are outside their class's envelope or have no
-    memory limit (created before the policy, or admitted with Warn or Audit)."""
-
-    pods: int = Field(default=0, description="Pods with at least one finding.")
-    counts: list[PodAuditCount] = Field(default_factory=list, description="Pods per class and rule.")
-    listed: list[PodAuditFinding] = Field(
-        default_factory=list, description="The findings, by namespace/name; at most 50 (see truncated).")
-    truncated: bool = Field(default=False, description="More findings exist than are listed.")
-
-
-class MeasuredClass(_Status):
-    """What one class's pods used on their nodes over the window (docs/measurement.md). Bytes are
-    exact for max and min; p50/p99 within 0.5% (a fixed-size sketch)."""
-
-    name: str = Field(description="The class.")
-    runtime_class: str = Field(description="Its RuntimeClass.")
-    pods_measured: int = Field(default=0, description="Pods of the class in each node's latest reading.")
-    pods_without_limit: int = Field(default=0, description="... of them without a memory limit (no headroom).")
-    pods_not_measured: int = Field(
-        default=0, description="Pods of the class on the nodes read that the last reading could not measure (not in "
-        "the Summary yet, or without figures).")
-    pods_under_threshold: int = Field(default=0, description="... of them with headroom under spec.measurement.headroomWarning.")
-    samples: int = Field(default=0, description="Pod readings in the window.")
-    overhead_p50_bytes: int | None = Field(default=None, description="Overhead used (pod working set - containers') p50.")
-    overhead_p99_bytes: int | None = Field(default=None, description="... p99.")
-    overhead_max_bytes: int | None = Field(default=None, description="... the largest.")
-    overhead_max_pod: str | None = Field(default=None, description="The pod (namespace/name) of the largest.")
-    min_headroom_bytes: int | None = Field(default=None, description="Least headroom (cgroup limit - working set) seen.")
-    min_headroom_pod: str | None = Field(default=None, description="Its pod (namespace/name).")
-    min_headroom_node: str | None = Field(default=None, description="Its node.")
-    min_headroom_at: str | None = Field(default=None, description="When (RFC 3339).")
-    last_measured: str | None = Field(default=None, description="The latest reading of a pod of the class (RFC 3339).")
-
-
-class HeadroomLowPod(_Status):
-    """A pod whose headroom is under the threshold: its VMM is close to an OOM kill."""
-
-    pod: str = Field(description="namespace/name.")
-    node: str = Field(description="Its node.")
-    class_name: str = Field(alias="class", description="Its class.")
-    headroom_bytes: int = Field(description="cgroup limit - working set.")
-    threshold_bytes: int = Field(description="The threshold it is under.")
-    measured_at: str = Field(description="When (RFC 3339).")
-
-
-class SkippedNode(_Status):
-    """A node whose Summary could not be read at its last turn; its last reading stands."""
-
-    node: str = Field(description="The node.")
-    reason: str = Field(description="Why (the HTTP status and message, or the timeout).")
-    failures: int = Field(description="Reads failed in a row.")
-    since: str | None = Field(default=None, description="The last failure (RFC 3339).")
-
-
-class MeasurementStatus(_Status):
-    """The operator's reading of the kubelets' Summaries for this policy's pods."""
-
-    interval_seconds: int = Field(description="Each node read once per interval.")
-    window_seconds: int = Field(description="The window of the figures.")
-    nodes: int = Field(default=0, description="Nodes running this policy's pods that were read.")
-    nodes_skipped: int = Field(default=0, description="... of them whose last read failed.")
-    skipped: list[SkippedNode] = Field(default_factory=list, description="The first 20 of them, by name.")
-    classes: list[MeasuredClass] = Field(default_factory=list, description="Per class.")
-    under_threshold: list[HeadroomLowPod] = Field(
-        default_factory=list, description="Pods under the headroom threshold, least headroom first; at most 20.")
-
-
-class ProposedClass(_Status):
-    name: str = Field(description="The class.")
-    pod_fixed: Resources = Field(description="The proposed overhead.podFixed.")
-    pod_fixed_before: Resources = Field(description="podFixed as the policy sizes it now.")
-    pods_measured: int = Field(default=0, description="Survey rows of this class with a memory limit.")
-    min_headroom_bytes: int | None = Field(
-        default=None, description="The least headroom one of them would have in the VM the proposal gives it.")
-    headroom_warning_bytes: int | None = Field(
-        default=None, description="The warning line its pods are judged by under the proposed podFixed.")
-    extrapolated: bool = Field(
-        default=False, description="Its largest VM lies beyond the largest surveyed VM: the fit is extrapolated.")
-    refuted: list[str] = Field(
-        default_factory=list, description="Why the survey refutes the class's explicit guest budget, if it does.")
-
-
-class ProposalStatus(_Status):
-    """A refit of the overhead function from spec.overhead.survey, for a person to apply."""
-
-    source: str = Field(description="The ConfigMap and key read.")
-    rows: int = Field(default=0, description="Survey rows fitted.")
-    overhead: dict[str, str] = Field(default_factory=dict, description="The spec.overhead fields to set.")
-    classes: list[ProposedClass] = Field(default_factory=list, description="What they give per class.")
-    host_raised_mib: int = Field(
-        default=0, alias="hostRaisedMiB", description="MiB added to hostMemory so every measured pod fits.")
-    notes: list[str] = Field(default_factory=list, description="What the fit says about the rows.")
-    error: str | None = Field(default=None, description="Why there is no proposal (the survey unreadable or unfittable).")
-
-
-class KataSizingPolicyStatus(_Status):
-    observed_generation: int | None = Field(
-        default=None, description="The policy generation the operator last acted on."
-    )
-    runtime: Literal["Rust", "Go"] | None = Field(default=None, description="The runtime sized for.")
-    class_names: str | None = Field(default=None, description="The classes, comma-separated (for kubectl get).")
-    conditions: list[Condition] = Field(
-        default_factory=list, description="Valid, InSync, Conflict and Ready, keyed by type."
-    )
-    classes: list[ClassStatus] = Field(default_factory=list, description="The sized classes as applied.")
-    drift_corrections: int = Field(default=0, description="Hand edits put back (driftPolicy Correct).")
-    drift_detected: int = Field(default=0, description="Hand edits reported, not corrected (driftPolicy Report).")
-    warnings: list[str] = Field(
-        default_factory=list, description="Sizing warnings of a valid policy (pods without limits under-accounted)."
-    )
-    overhead: OverheadStatus | None = None
-    nodes: NodesStatus | None = Field(default=None, description="What the node guidance covers.")
-    unmanaged_runtime_classes: list[UnmanagedRuntimeClass] = Field(
-        default_factory=list,
-        description="Audit of Kata RuntimeClasses on the cluster that no policy manages.",
-    )
-    pod_audit: PodAuditStatus | None = Field(
-        default=None, description="Audit of the running pods of this policy's classes (from the operator's pod cache).")
-    measurement: MeasurementStatus | None = Field(
-        default=None, description="What this policy's pods use on their nodes, from the kubelets' Summaries.")
-    proposal: ProposalStatus | None = Field(
-        default=None, description="The overhead function refitted from spec.overhead.survey (never applied).")
-
-
-class KataSizingPolicy(_Model):
+class KataSizingPolicy(ApiModel):
     api_version: Literal["katasizing.dev/v1alpha1"] = API_VERSION
     kind: Literal["KataSizingPolicy"] = KIND
     metadata: ObjectMeta
@@ -993,10 +662,10 @@ def _type_message(error_type: str, value: object) -> str:
     """A type the API server refuses, said the way its structural schema says it, with the
     value as YAML gave it and how to write what was meant."""
     wanted, schema_type = _TYPE_ERRORS[error_type]
-    message = f"must be {wanted} (the CRD's type {schema_type}), not {_described(value)}"
+    message = f"must be {wanted} (the CRD's type {schema_type}), not {described(value)}"
     if schema_type == "string":
         if isinstance(value, bool):
-            return message + _yaml_boolean_hint(value)
+            return message + yaml_boolean_hint(value)
         if isinstance(value, (int, float)):
             return message + "; YAML reads it as a number: quote it"
     if schema_type == "boolean" and isinstance(value, str) and value.lower() in ("true", "false"):

@@ -32,7 +32,7 @@ from fractions import Fraction
 from .calibrate import CalibrationError, Fit, Sample, checked_overhead_block, fit_overhead
 from .defaults import Runtime
 from .headroom import HeadroomThreshold, mib_text
-from .model import KataSizingPolicy, PolicyError, ProposalStatus, ProposedClass, Resources, parse_policy
+from .model import KataSizingPolicy, PolicyError, Resources, parse_policy
 from .quantity import MIB, format_mib
 from .sizing import (
     ClassSizing,
@@ -43,6 +43,7 @@ from .sizing import (
     overhead_function,
     size_policy,
 )
+from .statusmodel import ProposalStatus, ProposedClass
 
 
 @dataclass(frozen=True)
