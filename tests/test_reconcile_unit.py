@@ -1043,3 +1043,36 @@ def test_the_audit_of_unmanaged_runtime_classes_runs_again_only_when_one_of_them
     follow()
     run(rc.run_pass(state, "p0", "resync"))
     assert audited == [["kata-qemu"], ["kata-qemu"]]  # the unmanaged one changed: audited again
+
+
+# --- a change no pass of this replica has indexed yet ----------------------------------------------
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.added: list[tuple[str, str]] = []
+
+    def add(self, key: str, reason: str) -> None:
+        self.added.append((key, reason))
+
+
+@pytest.mark.parametrize("labels, queued", [
+    ({MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: NAME}, [(NAME, "drift")]),
+    ({MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: "unknown-policy"}, []),
+    ({POLICY_LABEL: NAME}, []),  # not the operator's: a pod's opt-in label, or a copy
+], ids=["ours", "a-policy-this-replica-does-not-know", "not-managed-by-us"])
+def test_a_change_before_the_first_pass_indexed_the_policy_still_queues_its_pass(labels, queued):
+    """A replica just made the leader can read its caches for its first pass before a hand edit
+    arrives, and the edit's event before that pass has said what it wants: the edit goes to the
+    pass of the policy its labels name, not dropped until the resync (seen in the suite as a
+    replica's takeover that left a hand edit in place)."""
+    from kata_sizing.controller import worker
+
+    state = make_state(FakeApi())
+    state.work = _Queue()  # type: ignore[assignment]
+    state.records[NAME] = PolicyRecord(NAME, policy_body())
+    edited = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+              "metadata": {"name": "kata-qemu-rs-m", "labels": labels}, "handler": "kata-qemu-rs-m"}
+    assert state.desired.for_child(obj_key(edited), edited) is None  # no pass has run here
+    worker.child_changed(state, obj_key(edited), None, edited)
+    assert state.work.added == queued

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 
+from ..core.labels import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 from . import gather, metrics
 from .api_errors import TransientApiError
 from .compare import differences, is_ours
@@ -122,6 +123,13 @@ def child_changed(state: OperatorState, key: ObjKey, before: dict | None, after:
     policy wants it when its last pass had nothing to say about it (the echo of a write)."""
     desired = state.desired.for_child(key, after or before)
     if desired is None:
+        # No pass of this replica has said what it wants yet: a follower, or one just made the
+        # leader whose first pass read the caches before this change came. An object labelled
+        # as one of the known policies' goes to that policy's pass (held until this replica
+        # leads), which decides; dropping it would leave a hand edit in place until the resync.
+        owner = labelled_policy(after or before)
+        if owner is not None and owner in state.records:
+            state.enqueue(owner, DRIFT)
         return
     record = state.records.get(desired.policy_name)
     if after is not None and key not in (record.attention if record is not None else ()):
@@ -130,6 +138,15 @@ def child_changed(state: OperatorState, key: ObjKey, before: dict | None, after:
                 found[0], after, found[1] is Ownership.GUARDED):
             return
     state.enqueue(desired.policy_name, DRIFT)
+
+
+def labelled_policy(obj: dict | None) -> str | None:
+    """The policy an object's labels say made it (with the operator's managed-by label), or None."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return None
+    name = labels.get(POLICY_LABEL)
+    return name if isinstance(name, str) else None
 
 
 async def leadership_changed(state: OperatorState, leading: bool) -> None:
