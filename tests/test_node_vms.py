@@ -111,7 +111,7 @@ def calibrated(real_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Cal
                       'initrd = "/opt/kata/share/kata-containers/kata-containers-initrd.img"\n')
     policy_file = workdir / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy_body()))
-    probed = cli(real_node.cp, "probe", policy_file, "--config", config, "--init", INIT, "--points", "2",
+    probed = cli(real_node.cp, "probe", policy_file, "--config", config, "--init", INIT, "--points", "1",
                  "--node", real_node.name)
     assert probed.returncode == 0, probed.stderr
     accelerator = "kvm" if " under kvm " in probed.stdout.splitlines()[0] else "tcg"
