@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from kata_sizing.controller import conditions as cond
+from kata_sizing.controller import execute
 from kata_sizing.controller import status as st
 from kata_sizing.controller.execute import (
     CONFLICTED,
@@ -36,7 +37,7 @@ RC_M = "RuntimeClass kata-qemu-rs-m"
 SAID = "RuntimeClass kata-qemu-rs-m: the server said no"  # the executor's line for a write that did not land
 FOREIGN = f"{RC_M} exists and is not managed by this policy; left untouched"
 W = st.WRITE
-RESULTS = (None, DONE, UNCHANGED, CONFLICTED, REFUSED, FAILED, GONE, ERROR)
+RESULTS = (None, *execute.RESULTS)  # None: no write was made
 
 
 def _body(**spec) -> dict:
