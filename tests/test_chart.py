@@ -443,7 +443,7 @@ def test_every_alert_links_a_runbook_section_that_exists(helm: str) -> None:
 
     rules = alerts(template(helm, *ALERTS))
     assert set(rules) == {"KataSizingOperatorDown", "KataSizingDriftFought", "KataSizingPolicyNotReady",
-                          "KataSizingPodHeadroomLow"}
+                          "KataSizingPodHeadroomLow", "KataSizingTaskFailing"}
     sections = anchors((ROOT / "docs" / "operation.md").read_text())
     for name, rule in rules.items():
         url = rule["annotations"]["runbook_url"]
@@ -519,3 +519,11 @@ def test_aggregated_roles_can_be_turned_off(helm: str) -> None:
     names = {o["metadata"]["name"] for o in template(helm, "--set", "rbac.aggregateToDefaultRoles=false")
              if o["kind"] == "ClusterRole"}
     assert names == {"kata-sizing"}
+
+
+def test_the_task_failure_alert_reads_the_counter_every_background_task_has_from_its_start(helm: str) -> None:
+    rule = alerts(template(helm, *ALERTS))["KataSizingTaskFailing"]
+    assert rule["expr"] == "sum by (task) (increase(kata_sizing_task_failures_total[1h])) > 0"
+    assert "{{ $labels.task }}" in rule["annotations"]["summary"]  # left for Prometheus to fill in
+    metrics.track_task("guidance-check")  # as retry.keep_running does when the task starts
+    assert metrics.REGISTRY.get_sample_value("kata_sizing_task_failures_total", {"task": "guidance-check"}) is not None

@@ -568,3 +568,16 @@ def test_plain_render_loads_neither_node_guidance_nor_the_status_models(tmp_path
                             env=_clean_env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"code": 0, "guidance": False, "status": False}
+
+
+def test_the_lease_timings_are_retry_pys_unless_a_test_flag_sets_them():
+    from kata_sizing.cli import build_parser
+    from kata_sizing.cli.operator import _lease_options
+    from kata_sizing.controller import retry
+
+    defaults = _lease_options(build_parser("operator").parse_args(["operator", "--leader-elect"]))
+    assert (defaults.lease_duration_s, defaults.renew_deadline_s, defaults.retry_period_s) == (
+        retry.LEASE_DURATION_S, retry.RENEW_DEADLINE_S, retry.LEASE_RETRY_PERIOD_S)
+    shorter = _lease_options(build_parser("operator").parse_args(
+        ["operator", "--leader-elect", "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.25"]))
+    assert (shorter.lease_duration_s, shorter.renew_deadline_s, shorter.retry_period_s) == (4.0, 3.0, 0.25)

@@ -163,3 +163,43 @@ def test_the_loop_stops_when_cancelled_as_a_policy_is_forgotten():
         return task in done
 
     assert asyncio.run(main())
+
+
+def _low_summary(node: str) -> dict:
+    """node's pod at 880 MiB of its 912 MiB cgroup: 32 MiB of headroom, under 10% of its 400 MiB podFixed."""
+    found = summary(node)
+    found["pods"][0]["memory"]["workingSetBytes"] = 880 * MIB
+    return found
+
+
+async def _intervals(now: list[float], count: int) -> None:
+    for _ in range(int(count * INTERVAL_S / 0.25) + 4):
+        now[0] += 0.25
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+def test_a_policy_no_longer_measured_is_forgotten_whole_and_comes_back_as_new():
+    now = [0.0]
+    posted: list[str] = []
+
+    async def read(node: str) -> object:
+        return _low_summary(node)
+
+    async def main() -> None:
+        loop = MeasurementLoop(read, Pods(1), events=lambda ref, type_, reason, message: posted.append(reason),
+                               clock=Clock(now=lambda: now[0], speed=1e9))
+        loop.configure(policy(), "p")
+        task = asyncio.create_task(loop.run())
+        await _intervals(now, 1)
+        assert posted == ["HeadroomLow"] and loop.version("p") > 0
+        loop.configure(None, "p")
+        assert (loop.measures("p"), loop.version("p"), loop.report("p")) == (False, 0, None)
+        loop.configure(policy(), "p")
+        await _intervals(now, 1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        # Nothing of before was kept: the pod still under its threshold is news again.
+        assert posted == ["HeadroomLow", "HeadroomLow"]
+
+    asyncio.run(main())

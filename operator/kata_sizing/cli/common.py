@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar, overload
 
 from ..core import bounded
 from ..core.bounded import InputError
@@ -16,6 +17,8 @@ from ..core.quantity import QuantityError
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+
+T = TypeVar("T")
 
 
 def read_text(path: str) -> str:
@@ -96,8 +99,12 @@ def checked_flag(option: str, text: str | None) -> str | None:
         raise PolicyError([str(exc)]) from None
 
 
-def quantity_flag(option: str, text: str | None, parse) -> object:
-    if checked_flag(option, text) is None:
+@overload
+def quantity_flag(option: str, text: str, parse: Callable[[str], T]) -> T: ...
+@overload
+def quantity_flag(option: str, text: str | None, parse: Callable[[str], T]) -> T | None: ...
+def quantity_flag(option: str, text: str | None, parse: Callable[[str], T]) -> T | None:
+    if text is None or checked_flag(option, text) is None:
         return None
     try:
         return parse(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from decimal import Decimal
 
 from ..core import bounded
@@ -111,6 +112,7 @@ def _explain_pods(args: argparse.Namespace) -> int:
             metadata = podread.pod_metadata_of(document)
         except podread.PodInputError as exc:
             raise InputError(f"{where}: {exc}") from None
+        assert isinstance(document, Mapping)  # pod_spec_of refuses anything else
         namespace = str(metadata.get("namespace") or "default")
         name = str(metadata.get("name") or metadata.get("generateName") or "")
         runtime_class = spec.get("runtimeClassName") or ""

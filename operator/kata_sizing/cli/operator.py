@@ -51,9 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="direct: the CA of the kubelets' serving certificates (default: the API server's CA)")
     parser.add_argument("--kubelet-insecure-skip-tls-verify", action="store_true",
                         help="direct: do not verify the kubelets' serving certificates (self-signed ones)")
-    parser.add_argument("--lease-duration", type=float, default=15.0, metavar="S", help=argparse.SUPPRESS)
-    parser.add_argument("--renew-deadline", type=float, default=10.0, metavar="S", help=argparse.SUPPRESS)
-    parser.add_argument("--retry-period", type=float, default=2.0, metavar="S", help=argparse.SUPPRESS)
+    # Shorter lease timings for tests; unset, LeaseOptions takes controller/retry.py's.
+    parser.add_argument("--lease-duration", type=float, metavar="S", help=argparse.SUPPRESS)
+    parser.add_argument("--renew-deadline", type=float, metavar="S", help=argparse.SUPPRESS)
+    parser.add_argument("--retry-period", type=float, metavar="S", help=argparse.SUPPRESS)
 
 
 def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
@@ -194,11 +195,10 @@ def _lease_options(args: argparse.Namespace):
         return None
     from ..controller.leader import LeaseOptions, default_identity
 
+    given = {field: value for field, value in (
+        ("lease_duration_s", args.lease_duration), ("renew_deadline_s", args.renew_deadline),
+        ("retry_period_s", args.retry_period)) if value is not None}
     try:
-        return LeaseOptions(
-            namespace=args.leader_elect_namespace, identity=default_identity(),
-            lease_duration_s=args.lease_duration, renew_deadline_s=args.renew_deadline,
-            retry_period_s=args.retry_period,
-        )
+        return LeaseOptions(namespace=args.leader_elect_namespace, identity=default_identity(), **given)
     except ValueError as exc:
         raise InputError(f"--lease-duration/--renew-deadline/--retry-period: {exc}") from None

@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
             infra_pod_memory_bytes=quantity_flag("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
             kubelet_version=kubelet_version_flag(args.kubelet_version),
         )]
-    objects, errors, overlays = [], [], []  # overlays: (policy, its values as text and as data)
+    objects: list[dict] = []
+    errors: list[str] = []
+    overlays: list[tuple[str, str, dict]] = []  # (policy, its values as text and as data)
     shared: dict[str, None] = {}  # the shared admission policies the bindings name, in order
     for policy in policies:
         rendered = render_policy(policy, nodes=nodes)
@@ -152,6 +154,7 @@ def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace)
     except CalibrationError as exc:
         print_problems([f"{args.proposal}: {p}" for p in exc.problems])
         return EXIT_INVALID
+    assert proposal.refitted is not None  # propose() refits or raises
     now, proposed = render_policy(policy), render_policy(proposal.refitted)
     errors = [f"{policy.name}: {p}" for p in proposed.problems if p.severity == "error"]
     if errors:

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         return _validate_json(args, size_policy)
     policies = load_policies(args.policy)
-    errors, warnings = [], []
+    errors: list[str] = []
+    warnings: list[str] = []
     for policy in policies:
         sizing = size_policy(policy)
         errors.extend(f"{policy.name}: {p}" for p in sizing.errors)

@@ -57,5 +57,5 @@ def merge_conditions(previous: list[Condition], current: list[Condition], now: s
             transition = old.last_transition_time
         else:
             transition = now
-        merged.append(found.model_copy(update={"last_transition_time": transition}))
+        merged.append(found.replaced(last_transition_time=transition))
     return merged

@@ -33,6 +33,7 @@ WRITES_PER_PASS = 4
 
 DONE, UNCHANGED, CONFLICTED, REFUSED, FAILED, GONE, ERROR = (
     "done", "unchanged", "conflict", "refused", "failed", "gone", "error")
+RESULTS = (DONE, UNCHANGED, CONFLICTED, REFUSED, FAILED, GONE, ERROR)  # every one has its row in status.ACTION_OUTCOMES
 
 
 class ChildCache(Protocol):

@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -26,7 +27,7 @@ from ..core.labels import POLICY_LABEL
 from ..core.model import GROUP, PLURAL, VERSION
 from ..core.podfit import route_patch
 from ..core.podread import PodInputError
-from . import gather, metrics, worker
+from . import gather, metrics, retry, worker
 from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError
 from .cluster import summarize_node, summarize_pod
@@ -37,7 +38,6 @@ from .kube import KubeApi
 from .kubelet import DirectKubelets, KubeletOptions
 from .leader import LeaderElector
 from .measurement import Clock, MeasurementLoop
-from .retry import backoff_s
 from .state import OperatorState
 
 log = logging.getLogger("kata_sizing")
@@ -133,14 +133,20 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     install_pod_routing(settings, state)
     state.measurement = _measurement_loop(state, memo)
     metrics.track_measurement(state.measurement)
+    metrics.track_task(worker.POLICY_WATCH)
+    # Each task goes on after a raise (said at ERROR, counted, started again: retry.keep_running).
     state.background = [
-        *([asyncio.create_task(leader.run(), name="leader-election")] if leader else []),
-        *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in state.informers()),
-        asyncio.create_task(state.work.run(), name="pass-queue"),
-        asyncio.create_task(worker.watch_guidance(state), name="guidance-check"),
-        asyncio.create_task(state.measurement.run(), name="measurement"),
-        asyncio.create_task(events.run(), name="events"),
+        *([_background("leader-election", leader.run)] if leader else []),
+        *(_background(f"{i.collection}-informer", i.run) for i in state.informers()),
+        _background("pass-queue", state.work.run),
+        _background("guidance-check", lambda: worker.watch_guidance(state)),
+        _background("measurement", state.measurement.run),
+        _background("events", events.run),
     ]
+
+
+def _background(task: str, run: Callable[[], Awaitable[object]]) -> asyncio.Task:
+    return asyncio.create_task(retry.keep_running(task, run), name=task)
 
 
 def _measurement_loop(state: OperatorState, memo: kopf.Memo) -> MeasurementLoop:
@@ -170,7 +176,7 @@ async def _discover_admission(api: KubeApi) -> dict[str, str]:
         try:
             return await api.served_admission_versions()
         except TransientApiError as exc:
-            delay = backoff_s(failures)
+            delay = retry.backoff_s(failures)
             failures += 1
             log.warning("discovery of the admission kinds failed: %s; retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)
@@ -208,7 +214,7 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
 async def policy_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:  # noqa: A002 - kopf's name
     # A shallow copy: kopf hands each event's freshly parsed body and never changes it, and the
     # operator never changes a body it keeps (a deep copy was a twentieth of its CPU at a cold start).
-    worker.policy_seen(memo.state, type, dict(body))
+    worker.policy_watched(memo.state, type, dict(body))
 
 
 async def validate_policy(

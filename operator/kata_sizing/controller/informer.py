@@ -9,6 +9,11 @@ a watch from that list's resourceVersion, re-listing on 410 Gone; a dropped conn
 off (capped, with jitter) and resumes the watch. Memory is bounded by the summaries, not by
 the cluster's objects: the list is read a page at a time and each page is dropped once
 summarized.
+
+A raise that is not an API failure (a bug: in a summary, or in the `on_change` of a consumer)
+ends `run`, which `retry.keep_running` says and starts again after its back-off; a change the
+consumer did not take is undone in the cache first, so the fresh list that starts the next run
+finds it again and tells it then: a raise loses no change.
 """
 
 from __future__ import annotations
@@ -71,16 +76,30 @@ class Informer(Generic[T]):
         if self.on_change is not None and self.synced.is_set():
             self.on_change(key, before, after)
 
-    def _apply(self, event_type: str, obj: dict) -> None:
-        key = self.key(obj)
-        summary = None if event_type == "DELETED" else self.summarize(obj)
-        before = self.items.get(key)
+    def _put(self, key: Hashable, summary: T | None) -> None:
         if summary is None:
             self.items.pop(key, None)
         else:
             self.items[key] = summary
+
+    def _deliver(self, changes: list[tuple[Hashable, T | None, T | None]]) -> None:
+        """Report changes the cache holds already, in order; when `on_change` raises, the ones it
+        did not take are undone in the cache (the next list finds them again), and the raise goes on."""
+        for taken, (key, before, after) in enumerate(changes):
+            try:
+                self._changed(key, before, after)
+            except Exception:
+                for untaken, was, _ in changes[taken:]:
+                    self._put(untaken, was)
+                raise
+
+    def _apply(self, event_type: str, obj: dict) -> None:
+        key = self.key(obj)
+        summary = None if event_type == "DELETED" else self.summarize(obj)
+        before = self.items.get(key)
+        self._put(key, summary)
         if before != summary:
-            self._changed(key, before, summary)
+            self._deliver([(key, before, summary)])
 
     def record(self, obj: dict) -> None:
         """Write-through: the operator's own write, so a reconcile right after it does not
@@ -116,9 +135,8 @@ class Informer(Generic[T]):
         self.resource_version = list_version
         before, self.items = self.items, fresh
         if self.synced.is_set():
-            for key in before.keys() | fresh.keys():
-                if before.get(key) != fresh.get(key):
-                    self._changed(key, before.get(key), fresh.get(key))
+            self._deliver([(key, before.get(key), fresh.get(key)) for key in before.keys() | fresh.keys()
+                           if before.get(key) != fresh.get(key)])
         else:
             self.version += 1
         self.synced.set()
@@ -146,14 +164,8 @@ class Informer(Generic[T]):
                     if event_type in ("ADDED", "MODIFIED", "DELETED"):
                         self._apply(event_type, obj)
                 failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the cache must outlive any one failure
-                if isinstance(exc, ApiError) and exc.status == 410:
-                    need_list = True
-                elif not isinstance(exc, ApiError):
-                    need_list = True
-                    log.exception("%s informer failed unexpectedly", self.collection)
+            except ApiError as exc:
+                need_list = need_list or exc.status == 410
                 delay = backoff_s(failures, WATCH_RETRY_BASE_S, WATCH_RETRY_CAP_S)
                 failures += 1
                 log.warning("%s informer: %s; retrying in %.2fs", self.collection, exc, delay)

@@ -21,7 +21,7 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ..core.headroom import HeadroomThreshold, mib_text
@@ -65,6 +65,20 @@ class MeasuredPolicy:
     window_s: float
     threshold: HeadroomThreshold
     threshold_text: str
+
+
+@dataclass
+class PolicyMeasurement:
+    """What the loop keeps about one measured policy, forgotten with it in one `pop`."""
+
+    policy: MeasuredPolicy
+    # Its pods under the threshold, as announced: pod -> the low it was announced with.
+    announced: dict[str, LowHeadroom] = field(default_factory=dict)
+    # Bumped when its report should be written (the pods under threshold changed, or an interval
+    # passed since the last bump), so status is written about once per interval.
+    version: int = 0
+    published_at: float = float("-inf")
+    nodes: set[str] = field(default_factory=set)  # the nodes running its pods (from `targets`)
 
 
 def measured_policy(sizing, ref: dict) -> MeasuredPolicy | None:
@@ -111,39 +125,34 @@ class MeasurementLoop:
         self.speed = clock.speed
         self.gate = gate  # with two replicas: wait until this one leads
         self.state = MeasurementState()
-        self.policies: dict[str, MeasuredPolicy] = {}
+        self.measured: dict[str, PolicyMeasurement] = {}  # by policy name
         self._config_version = 0
         self._targets_key: tuple | None = None
         self._targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
         self._pruned_for: tuple | None = None
-        self._nodes_of_policy: dict[str, set[str]] = {}
         self.next_due: dict[str, float] = {}
         self.in_flight: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(read_slots)
         self._wake = asyncio.Event()
-        self.announced: dict[str, dict[str, LowHeadroom]] = {}  # policy -> pod -> the low it was announced with
         self.reads_ok = 0
         self.reads_failed = 0
-        # Per policy: bumped when its report should be written (the pods under threshold changed,
-        # or an interval passed since the last bump), so status is written about once per interval.
-        self.versions: dict[str, int] = {}
-        self._published_at: dict[str, float] = {}
 
     # --- configuration, from each policy's pass -------------------------------------------------
 
     def configure(self, policy: MeasuredPolicy | None, name: str) -> None:
         """Measure `policy`'s classes from now on (None: stop measuring policy `name`)."""
-        before = self.policies.get(name)
+        record = self.measured.get(name)
+        before = record.policy if record is not None else None
         if policy is None:
-            self.policies.pop(name, None)
-            self.announced.pop(name, None)
-            self.versions.pop(name, None)
+            self.measured.pop(name, None)
+        elif record is None:
+            self.measured[name] = PolicyMeasurement(policy)
         else:
-            self.policies[name] = policy
+            record.policy = policy
         if before != policy:
             self._config_version += 1
-            runtime_classes = {c for p in self.policies.values() for c in p.classes}
+            runtime_classes = {c for p in self.policies() for c in p.classes}
             self.state.forget_classes(runtime_classes)
             self._wake.set()
 
@@ -152,14 +161,16 @@ class MeasurementLoop:
         exports the gauges now; what to measure is kept for when this one leads again."""
         self.state = MeasurementState()
         self.next_due.clear()
-        self.announced.clear()
-        self.versions.clear()
-        self._published_at.clear()
+        for record in self.measured.values():
+            record.announced, record.version, record.published_at = {}, 0, float("-inf")
         self._pruned_for = None
+
+    def policies(self) -> list[MeasuredPolicy]:
+        return [record.policy for record in self.measured.values()]
 
     def _class_table(self) -> tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int]], dict[str, str]]:
         windows, thresholds, owner = {}, {}, {}
-        for policy in self.policies.values():
+        for policy in self.policies():
             for runtime_class, (_, pod_fixed) in policy.classes.items():
                 windows[runtime_class] = policy.window_s
                 thresholds[runtime_class] = (policy.threshold, pod_fixed)
@@ -174,17 +185,18 @@ class MeasurementLoop:
             return self._targets
         _, _, owner = self._class_table()
         targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
-        nodes_of_policy: dict[str, set[str]] = {}
+        for record in self.measured.values():
+            record.nodes = set()
         for request in list(self.pods.items.values()):
             kata = getattr(request, "kata", None)
             if kata is None or kata.node is None or kata.runtime_class not in owner:
                 continue
-            policy = self.policies[owner[kata.runtime_class]]
-            interval, pods = targets.get(kata.node, (policy.interval_s, {}))
+            record = self.measured[owner[kata.runtime_class]]
+            interval, pods = targets.get(kata.node, (record.policy.interval_s, {}))
             pods[kata.uid] = kata
-            targets[kata.node] = (min(interval, policy.interval_s), pods)
-            nodes_of_policy.setdefault(policy.name, set()).add(kata.node)
-        self._targets, self._targets_key, self._nodes_of_policy = targets, key, nodes_of_policy
+            targets[kata.node] = (min(interval, record.policy.interval_s), pods)
+            record.nodes.add(kata.node)
+        self._targets, self._targets_key = targets, key
         return targets
 
     # --- the loop --------------------------------------------------------------------------------
@@ -264,11 +276,12 @@ class MeasurementLoop:
 
     def _announce(self) -> None:
         """Events for pods entering and leaving the under-threshold list of each policy."""
-        for policy in self.policies.values():
+        for record in self.measured.values():
+            policy = record.policy
             now = {low.pod: low for low in self.state.low_headroom(policy.classes)}
-            before = self.announced.setdefault(policy.name, {})
+            before = record.announced
             if now.keys() == before.keys():
-                self.announced[policy.name] = now
+                record.announced = now
                 continue
             for pod in sorted(now.keys() - before.keys()):
                 low = now[pod]
@@ -282,39 +295,40 @@ class MeasurementLoop:
                             f"pod {pod} (class {class_name}) on node {low.node}: "
                             + ("the pod is gone" if gone else
                                f"headroom no longer under {mib_text(low.threshold_bytes)} ({policy.threshold_text})"))
-            self.announced[policy.name] = now
-            self._bump(policy.name)
+            record.announced = now
+            self._bump(record)
 
     def _event(self, policy: MeasuredPolicy, type_: str, reason: str, message: str) -> None:
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "policy %s: %s: %s", policy.name, reason, message)
         if self.events is not None:
             self.events(policy.ref, type_, reason, message)
 
-    def _bump(self, policy: str) -> None:
-        self.versions[policy] = self.versions.get(policy, 0) + 1
-        self._published_at[policy] = self.clock()
+    def _bump(self, record: PolicyMeasurement) -> None:
+        record.version += 1
+        record.published_at = self.clock()
 
     def _publish_due(self, now: float) -> None:
-        for policy in self.policies.values():
-            if now - self._published_at.get(policy.name, float("-inf")) >= policy.interval_s:
-                self._bump(policy.name)
+        for record in self.measured.values():
+            if now - record.published_at >= record.policy.interval_s:
+                self._bump(record)
 
     def version(self, policy: str) -> int:
-        return self.versions.get(policy, 0)
+        record = self.measured.get(policy)
+        return record.version if record is not None else 0
 
     def measures(self, name: str) -> bool:
-        return name in self.policies
+        return name in self.measured
 
     def report(self, name: str, previous: MeasurementStatus | None = None) -> MeasurementStatus | None:
         """status.measurement of policy `name`: None when it is not measured (the field is
         removed), `previous` while this replica has read none of its nodes yet (a new leader: the
         status keeps what the last one measured until this one has read)."""
-        policy = self.policies.get(name)
-        if policy is None:
+        record = self.measured.get(name)
+        if record is None:
             return None
-        now = self.clock()
+        policy, now = record.policy, self.clock()
         self.targets()
-        nodes = sorted(self._nodes_of_policy.get(name, ()))
+        nodes = sorted(record.nodes)
         if nodes and not any(node in self.state.nodes for node in nodes):
             return previous
         read = [self.state.nodes[n] for n in nodes if n in self.state.nodes]
@@ -356,7 +370,7 @@ class MeasurementLoop:
         """(policy, class, figures) for the metrics: pods under threshold, min headroom, overhead quantiles."""
         now = self.clock()
         found = []
-        for policy in self.policies.values():
+        for policy in self.policies():
             low = self.state.low_headroom(policy.classes)
             for runtime_class, (class_name, _) in policy.classes.items():
                 figures = self.state.figures(runtime_class, now)

@@ -16,6 +16,7 @@ logic stays free of instrumentation. The metrics are kept in a registry of their
     kata_sizing_webhook_admissions_total{result}        allowed | warned | denied
     kata_sizing_informer_objects{collection}            objects held by the list+watch caches
     kata_sizing_summary_reads_total{result}             kubelet Summaries read (ok) or not (error)
+    kata_sizing_task_failures_total{task}               raises in background tasks (said at ERROR; the task goes on)
     kata_sizing_pods_headroom_low{policy, class}        pods whose headroom is under the threshold
     kata_sizing_pod_headroom_min_bytes{policy, class}   the least headroom over the window
     kata_sizing_pod_overhead_bytes{policy, class, quantile}   overhead used: 0.5, 0.99, 1 (the max)
@@ -85,6 +86,13 @@ ADMISSIONS = Counter(
 SUMMARY_READS = Counter(
     "kata_sizing_summary_reads", "kubelet Summaries read by the measurement: ok, or error (the node skipped).",
     ["result"], registry=REGISTRY,
+)
+
+TASK_FAILURES = Counter(
+    "kata_sizing_task_failures",
+    "Unexpected raises in the operator's background tasks (the guidance check, the measurement, the watches...), "
+    "each logged at ERROR with its traceback; the task goes on after a back-off.",
+    ["task"], registry=REGISTRY,
 )
 
 RESULT_OK, RESULT_INVALID, RESULT_CONFLICT, RESULT_ERROR = "ok", "invalid", "conflict", "error"
@@ -240,6 +248,15 @@ def track_measurement(loop: Any) -> None:
 
 def summary_read(ok: bool) -> None:
     SUMMARY_READS.labels("ok" if ok else "error").inc()
+
+
+def track_task(task: str) -> None:
+    """The task's failure count exists from its start, at 0: an alert sees its first increase."""
+    TASK_FAILURES.labels(task)
+
+
+def task_failed(task: str) -> None:
+    TASK_FAILURES.labels(task).inc()
 
 
 # --- the HTTP endpoint ------------------------------------------------------------------

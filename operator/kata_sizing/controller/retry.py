@@ -1,12 +1,19 @@
 """Every back-off, retry and leader-election timing of the operator, in one place, and the one
-failure policy of a pass, whatever queued it (docs/operation.md, API failures; the defaults are
-client-go's where client-go has one)."""
+failure policy of a pass, whatever queued it, and of a background task, whatever it does
+(docs/operation.md, API failures; the defaults are client-go's where client-go has one)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+import time
+from collections.abc import Awaitable, Callable
 
+from . import metrics
 from .api_errors import ApiError, Conflict, TransientApiError
+
+log = logging.getLogger("kata_sizing.tasks")
 
 # A write that meets 409 (a stale resourceVersion, an object that appeared) re-reads and tries
 # again, at most this many times in one pass; then the pass is retried after a back-off.
@@ -51,3 +58,34 @@ def retry_delay_s(error: BaseException, failures: int) -> float:
     if isinstance(error, ApiError) and not isinstance(error, (TransientApiError, Conflict)):
         return REFUSED_RETRY_S
     return backoff_s(failures)
+
+
+def task_failed(task: str, delay_s: float) -> None:
+    """A background task raised (called in its `except`): one line at ERROR with the traceback,
+    and kata_sizing_task_failures_total{task} + 1."""
+    metrics.task_failed(task)
+    log.exception("%s failed unexpectedly; it goes on in %.2fs", task, delay_s)
+
+
+async def keep_running(task: str, run: Callable[[], Awaitable[object]],
+                       clock: Callable[[], float] = time.monotonic) -> None:
+    """Run a background task (the guidance check, the measurement loop, a watch...) until it is
+    cancelled or returns: when it raises it is said (`task_failed`) and started again after
+    `backoff_s` of its failures in a row. A run that lasted RETRY_CAP_S or more had worked: the
+    count starts over, and a task that fails once a day starts again at once."""
+    metrics.track_task(task)
+    failures = 0
+    while True:
+        started = clock()
+        try:
+            await run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - said and counted; the task goes on
+            if clock() - started >= RETRY_CAP_S:
+                failures = 0
+            delay_s = backoff_s(failures)
+            failures += 1
+            task_failed(task, delay_s)
+        await asyncio.sleep(delay_s)

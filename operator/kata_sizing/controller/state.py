@@ -125,6 +125,9 @@ class OperatorState:
     records: dict[str, PolicyRecord] = field(default_factory=dict)
     # Node facts, audits and intents computed once per change and shared by every policy.
     derived: dict[Hashable, tuple] = field(default_factory=dict)
+    # Policy watch events whose handling raised, the newest per policy, to be taken again
+    # (worker.policy_watched).
+    unseen: dict[str | None, tuple[str | None, dict]] = field(default_factory=dict)
     background: list[asyncio.Task] = field(default_factory=list)
 
     def enqueue(self, policy_name: str, trigger: str) -> None:

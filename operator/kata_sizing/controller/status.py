@@ -5,12 +5,17 @@ The status is the pydantic model the CRD's schema is generated from
 (`core.statusmodel.KataSizingPolicyStatus`), built here and dumped once, when it is written
 (`status_fields`). What an event or a status line says about an object comes from the reason
 `plan.decide` gave with its action (`_said`), never from looking at the object again.
+
+The conclusion is read from tables, each walked row by row by tests/test_conclude.py: what each
+outcome of an action says (`ACTION_OUTCOMES`: a line of the status, an event, a drift count),
+which reason InSync gives when several hold (`IN_SYNC_ORDER`), and when an event of the pass as
+a whole is news (`News`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +40,9 @@ from ..core.statusmodel import (
     UnmanagedRuntimeClass,
 )
 from . import conditions as cond
-from .execute import CONFLICTED, DONE, FAILED, GONE, REFUSED, Outcome
+from .execute import CONFLICTED, DONE, ERROR, FAILED, GONE, REFUSED, UNCHANGED, Outcome, Result
 from .kinds import describe
-from .plan import Action, Desired, Gathered, Plan, Reason, Verb, conflict_text
+from .plan import Action, Desired, Gathered, Intent, Plan, Reason, Verb, conflict_text
 
 log = logging.getLogger("kata_sizing.status")
 
@@ -225,39 +230,40 @@ def nodes_status(rendered: Rendered) -> NodesStatus:
     )
 
 
+# Why InSync is False, the first row whose findings hold: (which findings, the reason, its message).
+IN_SYNC_ORDER: tuple[tuple[str, str, Callable[[Findings], str]], ...] = (
+    ("invalid", cond.REASON_NOT_APPLIED,
+     lambda f: "this generation is invalid; the objects of the last valid generation are kept as they were"),
+    ("conflicts", cond.REASON_CONFLICT, lambda f: "; ".join(f.conflicts)),
+    ("missing", cond.REASON_RUNTIME_CLASS_MISSING,
+     lambda f: "kata-deploy has not created RuntimeClass " + ", ".join(f.missing)
+     + " (apply the values overlay with helm)"),
+    ("failed", cond.REASON_OUTPUT_NAMESPACE_MISSING,
+     lambda f: "the API server could not create " + "; ".join(f.failed)
+     + " (create the namespace spec.output.namespace names; retried with back-off)"),
+    ("refused", cond.REASON_REFUSED, lambda f: "the API server refused " + "; ".join(f.refused)),
+    ("drifted", cond.REASON_DRIFT_REPORTED, lambda f: "; ".join(f.drifted)),
+)
+
+
 def _conditions(findings: Findings, generation: int | None) -> list[Condition]:
-    """Valid, Conflict, InSync and Ready; InSync False says the first of its reasons that holds."""
+    """Valid, Conflict, InSync and Ready; InSync False says the first of its reasons that holds
+    (IN_SYNC_ORDER), and Ready is Valid and InSync together."""
     valid = not findings.invalid
-    current = [
+    reason, message = next(((r, says(findings)) for name, r, says in IN_SYNC_ORDER if getattr(findings, name)),
+                           (cond.REASON_IN_SYNC, "every managed object matches the policy"))
+    ready = valid and reason == cond.REASON_IN_SYNC
+    return [
         cond.condition(cond.VALID, True, cond.REASON_VALID, "; ".join(findings.warnings) or "all sizing rules hold",
                        generation) if valid else
         cond.condition(cond.VALID, False, cond.REASON_INVALID, "; ".join(findings.invalid), generation),
         cond.condition(cond.CONFLICT, bool(findings.conflicts),
                        cond.REASON_CONFLICT if findings.conflicts else cond.REASON_NO_CONFLICT,
                        "; ".join(findings.conflicts), generation),
+        cond.condition(cond.IN_SYNC, reason == cond.REASON_IN_SYNC, reason, message, generation),
+        cond.condition(cond.READY, ready, reason if valid else cond.REASON_INVALID,
+                       "" if ready else (message if valid else "the policy is invalid"), generation),
     ]
-    out_of_sync = [
-        (not valid, cond.REASON_NOT_APPLIED,
-         "this generation is invalid; the objects of the last valid generation are kept as they were"),
-        (findings.conflicts, cond.REASON_CONFLICT, "; ".join(findings.conflicts)),
-        (findings.missing, cond.REASON_RUNTIME_CLASS_MISSING,
-         "kata-deploy has not created RuntimeClass " + ", ".join(findings.missing)
-         + " (apply the values overlay with helm)"),
-        (findings.failed, cond.REASON_OUTPUT_NAMESPACE_MISSING,
-         "the API server could not create " + "; ".join(findings.failed)
-         + " (create the namespace spec.output.namespace names; retried with back-off)"),
-        (findings.refused, cond.REASON_REFUSED, "the API server refused " + "; ".join(findings.refused)),
-        (findings.drifted, cond.REASON_DRIFT_REPORTED, "; ".join(findings.drifted)),
-    ]
-    reason, message = next(((r, m) for holds, r, m in out_of_sync if holds),
-                           (cond.REASON_IN_SYNC, "every managed object matches the policy"))
-    in_sync = cond.condition(cond.IN_SYNC, reason == cond.REASON_IN_SYNC, reason, message, generation)
-    ready = valid and in_sync.status == "True"
-    current.append(in_sync)
-    current.append(cond.condition(
-        cond.READY, ready, in_sync.reason if valid else cond.REASON_INVALID,
-        "" if ready else (in_sync.message if valid else "the policy is invalid"), generation))
-    return current
 
 
 def compute_status(previous: KataSizingPolicyStatus, generation: int | None, findings: Findings,
@@ -274,18 +280,17 @@ def compute_status(previous: KataSizingPolicyStatus, generation: int | None, fin
         "classes": previous.classes, "overhead": previous.overhead, "runtime": previous.runtime,
         "class_names": previous.class_names,
     }
-    return previous.model_copy(update={
-        "observed_generation": generation,
-        "conditions": cond.merge_conditions(previous.conditions, _conditions(findings, generation),
-                                            cond.now_rfc3339()),
-        "warnings": list(findings.warnings),
+    return previous.replaced(
+        observed_generation=generation,
+        conditions=cond.merge_conditions(previous.conditions, _conditions(findings, generation), cond.now_rfc3339()),
+        warnings=list(findings.warnings),
         **sized,
-        "nodes": known(findings.nodes, previous.nodes),
-        "unmanaged_runtime_classes": known(findings.unmanaged, previous.unmanaged_runtime_classes),
-        "pod_audit": known(findings.pod_audit, previous.pod_audit),
-        "measurement": findings.measurement,
-        "proposal": findings.proposal,
-    })
+        nodes=known(findings.nodes, previous.nodes),
+        unmanaged_runtime_classes=known(findings.unmanaged, previous.unmanaged_runtime_classes),
+        pod_audit=known(findings.pod_audit, previous.pod_audit),
+        measurement=findings.measurement,
+        proposal=findings.proposal,
+    )
 
 
 # --- what is said about an object: from the reason decide gave -----------------------------
@@ -317,7 +322,7 @@ def _said(action: Action, drift_policy: str = "") -> tuple[str, str, str]:
             "not corrected", f"{what} was changed by hand ({changes}); updated from the policy")
 
 
-# --- concluding a pass --------------------------------------------------------------------
+# --- a pass's warnings, and what was already announced -------------------------------------
 
 
 def routing_warnings(policy: KataSizingPolicy, desired: Desired, webhook_serving: bool | None) -> list[str]:
@@ -332,6 +337,15 @@ def routing_warnings(policy: KataSizingPolicy, desired: Desired, webhook_serving
     return ["admission: opted-in pods are routed by the operator's webhook here, but it runs without "
             "--webhook-port (install overlays/webhook/ or the chart's webhook.enabled): they are not routed, "
             "and the envelope policy refuses them (pod-not-routed)"]
+
+
+def pass_warnings(intent: Intent, desired: Desired, webhook_serving: bool | None) -> list[str]:
+    """A valid pass's warnings besides the sizing's: the node guidance, what the server does not
+    serve, the routing nobody serves."""
+    assert intent.policy is not None
+    return [f"node guidance: {e}" for e in intent.guidance_errors] + [
+        f"admission: the API server does not serve {what}; not written" for what in desired.unserved
+        if not desired.unserved_expected(what)] + routing_warnings(intent.policy, desired, webhook_serving)
 
 
 class Announcements:
@@ -351,14 +365,6 @@ class Announcements:
             return False
         self.announced[reason] = what
         return True
-
-
-def _conflict_already_said(previous: KataSizingPolicyStatus, conflicts: list[str]) -> bool:
-    """The status already reports these conflicts: a resync must not post the event again."""
-    for c in previous.conditions:
-        if c.type == cond.CONFLICT:
-            return c.status == "True" and c.message == "; ".join(conflicts)
-    return False
 
 
 def pod_audit_event(announcements: Announcements, previous: PodAuditStatus | None,
@@ -382,98 +388,227 @@ def pod_audit_event(announcements: Announcements, previous: PodAuditStatus | Non
         f"First: {first.pod}: {first.message}"))
 
 
+# --- what one action's outcome says: the table --------------------------------------------------
+
+WRITE = "write"  # an action of a verb that writes (plan.WRITES): the executor's result says what came of it
+DRIFT_CORRECTIONS, DRIFT_DETECTED = COUNTERS
+ActionLine = Callable[[Action, Result | None], str]
+# (WRITE or the verb of an action that writes nothing, the executor's result (None: no write was
+# made), whether the action undoes a hand edit).
+OutcomeKey = tuple[str, str | None, bool]
+
+
+def _by_executor(action: Action, result: Result | None) -> str:
+    assert result is not None  # the rows that take the executor's line have a result
+    return result.text
+
+
+def _object_name(action: Action, result: Result | None) -> str:
+    return action.key[2]
+
+
+def _conflict(action: Action, result: Result | None) -> str:
+    return conflict_text(action)
+
+
+def _difference(action: Action, result: Result | None) -> str:
+    return _said(action)[0]
+
+
+@dataclass(frozen=True)
+class ActionSays:
+    """What one action's outcome adds to its pass's conclusion: a line in one of the findings'
+    lists (which the conditions read: IN_SYNC_ORDER), an event, one drift counter more."""
+
+    finding: str | None = None  # the Findings list that gets `line`
+    line: ActionLine | None = None
+    event: str | None = None  # its message is worded from the action's reason (`_event_message`)
+    counter: str | None = None
+    # A difference left standing (reported, or the chart's to make): said once per object and
+    # resourceVersion, its event and its count with the first pass that finds it.
+    stands: bool = False
+
+
+def _either_drift(what: str, result: str | None, said: ActionSays) -> dict[OutcomeKey, ActionSays]:
+    return {(what, result, drift): said for drift in (True, False)}
+
+
+# What each outcome of an action says; every combination is a row (tests/test_conclude.py).
+ACTION_OUTCOMES: dict[OutcomeKey, ActionSays] = {
+    # A write that landed: a hand edit put back is a correction, counted; anything else is applied.
+    (WRITE, DONE, True): ActionSays(event=cond.EVENT_DRIFT_CORRECTED, counter=DRIFT_CORRECTIONS),
+    (WRITE, DONE, False): ActionSays(event=cond.EVENT_APPLIED),
+    # A write that did not land says why in the status; the pass's own events say it once.
+    **_either_drift(WRITE, CONFLICTED, ActionSays("conflicts", _by_executor)),
+    **_either_drift(WRITE, REFUSED, ActionSays("refused", _by_executor)),
+    **_either_drift(WRITE, FAILED, ActionSays("failed", _by_executor)),
+    **_either_drift(WRITE, GONE, ActionSays("missing", _object_name)),  # the chart's object vanished under the write
+    # Not made (a write it needs did not land, or the pass failed first), already there, or a
+    # failure the pass is retried for: nothing to say yet.
+    **_either_drift(WRITE, None, ActionSays()),
+    **_either_drift(WRITE, UNCHANGED, ActionSays()),
+    **_either_drift(WRITE, ERROR, ActionSays()),
+    # Decided nothing to do: the plan leaves these out.
+    **_either_drift(Verb.NOTHING.value, None, ActionSays()),
+    # Somebody else's object holds the name.
+    **_either_drift(Verb.CONFLICT.value, None, ActionSays("conflicts", _conflict)),
+    # The chart's RuntimeClass is not there: news when it was deleted, not while the chart has
+    # not made it yet.
+    (Verb.MISSING.value, None, True): ActionSays(
+        "missing", _object_name, event=cond.EVENT_DRIFT_DETECTED, counter=DRIFT_DETECTED, stands=True),
+    (Verb.MISSING.value, None, False): ActionSays("missing", _object_name, stands=True),
+    # A difference reported, not written (driftPolicy Report, the chart's immutable handler):
+    # counted when it is a hand edit.
+    (Verb.REPORT.value, None, True): ActionSays(
+        "drifted", _difference, event=cond.EVENT_DRIFT_DETECTED, counter=DRIFT_DETECTED, stands=True),
+    (Verb.REPORT.value, None, False): ActionSays("drifted", _difference, event=cond.EVENT_DRIFT_DETECTED, stands=True),
+}
+
+
+def outcome_key(action: Action, result: Result | None) -> OutcomeKey:
+    return (WRITE if action.writes else action.verb.value, result.status if result is not None else None,
+            action.drift)
+
+
+def _event_message(reason: str, action: Action, result: Result | None, drift_policy: str) -> str:
+    if reason == cond.EVENT_APPLIED:
+        return _by_executor(action, result)
+    _, detected, corrected = _said(action, drift_policy)
+    return corrected if reason == cond.EVENT_DRIFT_CORRECTED else detected
+
+
+@dataclass
+class _Tally:
+    """What the actions of a pass said, as ACTION_OUTCOMES has it."""
+
+    said: dict[str, list[str]] = field(default_factory=dict)  # event reason -> the actions' messages
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    drift_seen: list[tuple[str, bool]] = field(default_factory=list)
+    reported: set = field(default_factory=set)
+
+    def add(self, findings: Findings, action: Action, result: Result | None, drift_policy: str,
+            reported_before: frozenset) -> None:
+        said = ACTION_OUTCOMES[outcome_key(action, result)]
+        if said.finding is not None and said.line is not None:
+            getattr(findings, said.finding).append(said.line(action, result))
+        if said.stands:
+            version = ((action.have or {}).get("metadata") or {}).get("resourceVersion") or "missing"
+            self.reported.add((action.key, version))
+            if (action.key, version) in reported_before:
+                return  # said already
+        if said.event is not None:
+            self.said.setdefault(said.event, []).append(_event_message(said.event, action, result, drift_policy))
+        if said.counter is not None:
+            self.counts[said.counter] += 1
+            self.drift_seen.append((action.key[0], said.counter == DRIFT_CORRECTIONS))
+
+    def each(self, type_: str, reason: str) -> list[EventSpec]:
+        return [(type_, reason, message) for message in self.said.get(reason, [])]
+
+
+# --- what the pass as a whole says: the table -----------------------------------------------------
+
+
+def _unmanaged_event(found: list[UnmanagedRuntimeClass]) -> tuple[str, str]:
+    errors = [r for r in found if r.severity == "error"]
+    return ("Warning" if errors else "Normal", (
+        f"{len(found)} finding(s) on Kata RuntimeClasses no policy manages ({len(errors)} error(s)); see "
+        f"status.unmanagedRuntimeClasses. First: {found[0].runtime_class}: {found[0].message}"))
+
+
+def _conflict_shown(status: KataSizingPolicyStatus) -> str | None:
+    """The conflicts the status reports already (a resync must not post them again)."""
+    found = next((c for c in status.conditions if c.type == cond.CONFLICT), None)
+    return found.message if found is not None and found.status == "True" else None
+
+
+@dataclass(frozen=True)
+class News:
+    """An event of a pass as a whole, posted when what it says (`what`; None: not known this pass)
+    differs from what the status shows of it (`shown`) and from what was last posted
+    (`Announcements`); `event` gives its type and message."""
+
+    reason: str
+    what: Callable[[Findings], Any]
+    shown: Callable[[KataSizingPolicyStatus], Any]
+    event: Callable[[Any], tuple[str, str]]
+
+    def said(self, findings: Findings, previous: KataSizingPolicyStatus,
+             announcements: Announcements) -> list[EventSpec]:
+        what = self.what(findings)
+        if what is None or what == self.shown(previous) or not announcements.first_time(self.reason, what):
+            return []
+        type_, message = self.event(what)
+        return [(type_, self.reason, message)]
+
+
+UNMANAGED_NEWS = News(cond.EVENT_UNMANAGED, lambda f: f.unmanaged, lambda s: s.unmanaged_runtime_classes,
+                      _unmanaged_event)
+# Valid, but an administrator should hear of it once (docs/rules.md: status, events, validate).
+WARNING_NEWS = News(cond.EVENT_WARNING, lambda f: f.warnings, lambda s: s.warnings,
+                    lambda warnings: ("Warning", "; ".join(warnings)))
+CONFLICT_NEWS = News(cond.EVENT_CONFLICT, lambda f: "; ".join(f.conflicts), _conflict_shown,
+                     lambda text: ("Warning", text))
+WRITE_FAILED_NEWS = News(cond.EVENT_WRITE_FAILED, lambda f: "; ".join(f.failed), lambda s: None,
+                         lambda text: ("Warning", text))
+
+
+def _pass_events(findings: Findings, previous: KataSizingPolicyStatus, tally: _Tally,
+                 announcements: Announcements) -> list[EventSpec]:
+    """The events of a valid pass, in the order they are posted."""
+    events = tally.each("Warning", cond.EVENT_DRIFT_DETECTED)
+    events += UNMANAGED_NEWS.said(findings, previous, announcements)
+    if findings.pod_audit is not None:
+        pod_audit = pod_audit_event(announcements, previous.pod_audit, findings.pod_audit)
+        events += [pod_audit] if pod_audit is not None else []
+    applied = tally.said.get(cond.EVENT_APPLIED)
+    events += [("Normal", cond.EVENT_APPLIED, "; ".join(applied))] if applied else []
+    events += tally.each("Normal", cond.EVENT_DRIFT_CORRECTED)
+    for news in (WARNING_NEWS, CONFLICT_NEWS, WRITE_FAILED_NEWS):
+        events += news.said(findings, previous, announcements)
+    return events
+
+
+# --- concluding a pass --------------------------------------------------------------------------
+
+
+def _conclude_invalid(previous: KataSizingPolicyStatus, generation: int | None, findings: Findings,
+                      announcements: Announcements) -> Conclusion:
+    """Nothing is written: the objects of the last valid generation stay exactly as they were.
+    InvalidPolicy is posted once per generation."""
+    said = any(c.type == cond.VALID and c.status == "False" and c.observed_generation == generation
+               for c in previous.conditions)
+    events = () if said else (("Warning", cond.EVENT_INVALID, "; ".join(findings.invalid)),)
+    return Conclusion(compute_status(previous, generation, findings, None), findings, events,
+                      announced=announcements.announced)
+
+
 def conclude(gathered: Gathered, plan: Plan, outcome: Outcome) -> Conclusion:
-    """The status, events and counts of a pass, once, from its plan and the executor's outcome."""
-    body, intent = gathered.body, plan.intent
+    """The status, events and counts of a pass, once, from its plan and the executor's outcome:
+    each action through ACTION_OUTCOMES, the conditions through IN_SYNC_ORDER, the pass's own
+    events through `_pass_events`."""
+    intent = plan.intent
     previous = gathered.status if gathered.status is not None else KataSizingPolicyStatus()
-    generation = (body.get("metadata") or {}).get("generation")
+    generation = (gathered.body.get("metadata") or {}).get("generation")
     announcements = Announcements(gathered.announced)
     findings = Findings(invalid=list(intent.invalid), warnings=list(intent.warnings),
                         measurement=gathered.measurement, proposal=gathered.proposal)
-    events: list[EventSpec] = []
     if intent.invalid:
-        # Nothing is written: the objects of the last valid generation stay exactly as they were.
-        already_said = any(c.type == cond.VALID and c.status == "False" and c.observed_generation == generation
-                           for c in previous.conditions)
-        if not already_said:
-            events.append(("Warning", cond.EVENT_INVALID, "; ".join(intent.invalid)))
-        return Conclusion(compute_status(previous, generation, findings, None), findings, tuple(events),
-                          announced=announcements.announced)
+        return _conclude_invalid(previous, generation, findings, announcements)
     desired = intent.desired
-    assert desired is not None and intent.policy is not None and intent.rendered is not None
-    results = outcome.results
-    applied, corrections = [], []
-    counts = {name: 0 for name in COUNTERS}
-    drift_seen: list[tuple[str, bool]] = []
-    reported: set = set()
+    assert desired is not None and intent.rendered is not None
+    tally = _Tally()
     for action in plan.actions:
-        result = results.get(action.key)
-        if action.writes:
-            if result is None or result.status == DONE:
-                if result is not None and action.drift:
-                    corrections.append(_said(action)[2])
-                    counts["driftCorrections"] += 1
-                    drift_seen.append((action.key[0], True))
-                elif result is not None:
-                    applied.append(result.text)
-            elif result.status == CONFLICTED:
-                findings.conflicts.append(result.text)
-            elif result.status == REFUSED:
-                findings.refused.append(result.text)
-            elif result.status == FAILED:
-                findings.failed.append(result.text)
-            elif result.status == GONE:
-                findings.missing.append(action.key[2])
-            continue
-        if action.verb is Verb.CONFLICT:
-            findings.conflicts.append(conflict_text(action))
-            continue
-        line, detected, _ = _said(action, desired.drift_policy)
-        if action.verb is Verb.MISSING:
-            findings.missing.append(action.key[2])
-        else:
-            findings.drifted.append(line)
-        version = ((action.have or {}).get("metadata") or {}).get("resourceVersion") or "missing"
-        reported.add((action.key, version))
-        if (action.key, version) in gathered.reported:
-            continue
-        if action.verb is Verb.MISSING and not action.drift:
-            continue  # not created yet (the chart has not been applied): the status says so
-        events.append(("Warning", cond.EVENT_DRIFT_DETECTED, detected))
-        if action.drift:
-            counts["driftDetected"] += 1
-            drift_seen.append((action.key[0], False))
+        tally.add(findings, action, outcome.results.get(action.key), desired.drift_policy, gathered.reported)
     findings.writes = list(outcome.landed)
-    findings.warnings += [f"node guidance: {e}" for e in intent.guidance_errors] + [
-        f"admission: the API server does not serve {what}; not written" for what in desired.unserved
-        if not desired.unserved_expected(what)] + routing_warnings(intent.policy, desired, gathered.webhook_serving)
+    findings.warnings += pass_warnings(intent, desired, gathered.webhook_serving)
     findings.nodes = nodes_status(intent.rendered) if gathered.nodes_known else None
     if gathered.unmanaged is not None:
         findings.unmanaged = unmanaged_status(gathered.unmanaged)
-        if (findings.unmanaged != previous.unmanaged_runtime_classes
-                and announcements.first_time(cond.EVENT_UNMANAGED, findings.unmanaged)):
-            errors = [r for r in findings.unmanaged if r.severity == "error"]
-            first = findings.unmanaged[0]
-            events.append(("Warning" if errors else "Normal", cond.EVENT_UNMANAGED, (
-                f"{len(findings.unmanaged)} finding(s) on Kata RuntimeClasses no policy manages "
-                f"({len(errors)} error(s)); see status.unmanagedRuntimeClasses. First: "
-                f"{first.runtime_class}: {first.message}")))
     if gathered.pod_findings is not None:
         findings.pod_audit = pod_audit_status(list(gathered.pod_findings))
-        event = pod_audit_event(announcements, previous.pod_audit, findings.pod_audit)
-        if event:
-            events.append(event)
-    if applied:
-        events.append(("Normal", cond.EVENT_APPLIED, "; ".join(applied)))
-    events += [("Normal", cond.EVENT_DRIFT_CORRECTED, text) for text in corrections]
-    if findings.warnings != previous.warnings and announcements.first_time(cond.EVENT_WARNING, findings.warnings):
-        # Valid, but an administrator should hear of it once (docs/rules.md: status, events, validate).
-        events.append(("Warning", cond.EVENT_WARNING, "; ".join(findings.warnings)))
-    if not _conflict_already_said(previous, findings.conflicts) and announcements.first_time(
-            cond.EVENT_CONFLICT, "; ".join(findings.conflicts)):
-        events.append(("Warning", cond.EVENT_CONFLICT, "; ".join(findings.conflicts)))
-    if announcements.first_time(cond.EVENT_WRITE_FAILED, "; ".join(findings.failed)):
-        events.append(("Warning", cond.EVENT_WRITE_FAILED, "; ".join(findings.failed)))
+    events = _pass_events(findings, previous, tally, announcements)
     return Conclusion(
         compute_status(previous, generation, findings, intent.sizing), findings, tuple(events),
-        {k: v for k, v in counts.items() if v}, tuple(drift_seen), frozenset(reported), announcements.announced)
+        {k: v for k, v in tally.counts.items() if v}, tuple(tally.drift_seen), frozenset(tally.reported),
+        announcements.announced)

@@ -1,7 +1,7 @@
 """Where every pass starts (docs/operation.md, Reconcile): one work queue of policy names, one
 processor (`process`), and what feeds the queue.
 
-- The policy watch (kopf's event handler, `policy_seen`): a policy this replica has not seen, a
+- The policy watch (kopf's event handler, `policy_watched`): a policy this replica has not seen, a
   new generation, a policy being deleted, a policy gone.
 - A managed object that changed or vanished (`child_changed`): drift.
 - The guidance check (`watch_guidance`), one task for every policy: what a pass of a policy reads
@@ -21,7 +21,7 @@ import logging
 import os
 
 from ..core.labels import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
-from . import gather, metrics
+from . import gather, metrics, retry
 from .api_errors import TransientApiError
 from .compare import differences, is_ours
 from .kinds import ObjKey
@@ -43,6 +43,8 @@ GUIDANCE_INTERVAL_S = float(os.environ.get("KATA_SIZING_GUIDANCE_SECONDS", "10")
 CHILDREN_SYNC_TIMEOUT_S = gather.INFORMER_SYNC_TIMEOUT_S
 # Passes of different policies run concurrently (one policy's never do).
 QUEUE_WORKERS = 4
+# The policy watch's name in logs and in kata_sizing_task_failures_total.
+POLICY_WATCH = "policy-watch"
 
 
 def new_queue(state: OperatorState) -> WorkQueue[str, str]:
@@ -80,6 +82,27 @@ async def process(state: OperatorState, name: str, trigger: str) -> None:
 
 
 # --- what feeds the queue -----------------------------------------------------------------------
+
+
+def policy_watched(state: OperatorState, event_type: str | None, body: dict, failures: int = 0) -> None:
+    """A watch event of a policy, which a raise must not lose: `policy_seen`, and when it raises,
+    the raise is said (`retry.task_failed`) and the policy's newest event is taken again after
+    `retry.backoff_s` (an event of it taken meanwhile makes that moot)."""
+    name = (body.get("metadata") or {}).get("name")
+    state.unseen.pop(name, None)
+    try:
+        policy_seen(state, event_type, body)
+    except Exception:  # noqa: BLE001 - said and counted; taken again
+        delay_s = retry.backoff_s(failures)
+        retry.task_failed(POLICY_WATCH, delay_s)
+        state.unseen[name] = (event_type, body)
+        asyncio.get_running_loop().call_later(delay_s, _watched_again, state, name, failures + 1)
+
+
+def _watched_again(state: OperatorState, name: str | None, failures: int) -> None:
+    event = state.unseen.pop(name, None)
+    if event is not None:
+        policy_watched(state, *event, failures=failures)
 
 
 def policy_seen(state: OperatorState, event_type: str | None, body: dict) -> None:

@@ -1,8 +1,9 @@
 """The KataSizingPolicy custom resource as pydantic v2 models: its spec, and reading a policy
 (`parse_policy`, one line per problem with its path).
 
-With `statusmodel` (what the operator writes) and `modelbase` (the quantity types and the base
-model) these models are the single source of the CRD schema (`python -m kata_sizing.core.crdgen`).
+With `admissionspec` (spec.admission), `statusmodel` (what the operator writes) and `modelbase`
+(the quantity types and the base model) these models are the single source of the CRD schema
+(`python -m kata_sizing.core.crdgen`).
 Quantities stay as the strings the user wrote (so a policy round-trips) and are checked
 here; `sizing` parses them exactly with `quantity`.
 """
@@ -23,6 +24,13 @@ from pydantic import (
 )
 
 from . import bounded, defaults
+from .admissionspec import (  # noqa: F401  (importable from the model as before)
+    Admission,
+    AdmissionAction,
+    AdmissionNamespaces,
+    LabelSelector,
+    LabelSelectorRequirement,
+)
 from .defaults import Runtime
 from .headroom import HeadroomThreshold
 from .kubegrammar import (
@@ -31,8 +39,6 @@ from .kubegrammar import (
     DNS_SUBDOMAIN,
     DNS_SUBDOMAIN_MAX_LENGTH,
     duplicate_tolerations,
-    label_key_problem,
-    label_value_problem,
     toleration_problems,
 )
 from .modelbase import (  # noqa: F401  (the API's names, importable from the model as before)
@@ -52,6 +58,7 @@ from .modelbase import (  # noqa: F401  (the API's names, importable from the mo
     MemoryQuantity,
     Resources,
     as_quantity_text,
+    check_labels,
     check_memory,
     described,
     format_decimal_error,
@@ -255,15 +262,6 @@ class SizeClass(ApiModel):
         return value
 
 
-def _check_labels(labels: dict[str, str]) -> dict[str, str]:
-    # Copied into RuntimeClass scheduling, node and namespace selectors: ValidateLabels.
-    for key, value in labels.items():
-        problem = label_key_problem(key) or label_value_problem(value)
-        if problem:
-            raise ValueError(problem)
-    return labels
-
-
 class Toleration(ApiModel):
     """A toleration copied into each RuntimeClass's scheduling (core/v1 Toleration)."""
 
@@ -308,7 +306,7 @@ class RuntimeClassSpec(ApiModel):
         "from the rendered values; the operator only guards their fields.",
     )
 
-    _node_selector_labels = field_validator("node_selector")(_check_labels)
+    _node_selector_labels = field_validator("node_selector")(check_labels)
 
     @field_validator("tolerations")
     @classmethod
@@ -348,7 +346,7 @@ class Nodes(ApiModel):
         json_schema_extra={"x-kubernetes-int-or-string": True},
     )
 
-    _selector_labels = field_validator("selector")(_check_labels)
+    _selector_labels = field_validator("selector")(check_labels)
 
     @field_validator("infra_pod_memory", mode="before")
     @classmethod
@@ -370,93 +368,6 @@ class Output(ApiModel):
         if not DNS_LABEL.fullmatch(value) or len(value) > 63:
             raise ValueError(f"{value!r} is not a valid namespace name (a DNS label)")
         return value
-
-
-class LabelSelectorRequirement(ApiModel):
-    """A metav1.LabelSelectorRequirement."""
-
-    key: str = Field(description="The label key.")
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="In, NotIn, Exists or DoesNotExist.")
-    values: list[str] | None = Field(default=None, description="For In and NotIn: the values.")
-
-    @field_validator("key")
-    @classmethod
-    def _label_key(cls, value: str) -> str:
-        problem = label_key_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("values")
-    @classmethod
-    def _label_values(cls, value: list[str] | None) -> list[str] | None:
-        for item in value or []:
-            problem = label_value_problem(item)
-            if problem:
-                raise ValueError(problem)
-        return value
-
-    @model_validator(mode="after")
-    def _values_fit_operator(self) -> "LabelSelectorRequirement":
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs at least one value")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        return self
-
-
-class LabelSelector(ApiModel):
-    """A metav1.LabelSelector: every matchLabels pair and every expression must hold."""
-
-    match_labels: dict[str, str] = Field(default_factory=dict, description="Labels the namespace must carry.")
-    match_expressions: list[LabelSelectorRequirement] = Field(
-        default_factory=list, description="Requirements on the namespace's labels.")
-
-    _match_labels = field_validator("match_labels")(_check_labels)
-
-
-class AdmissionNamespaces(ApiModel):
-    """Where the admission policies apply; both given: a namespace must match both."""
-
-    names: list[str] | None = Field(
-        default=None, description="Namespace names (matched through the label kubernetes.io/metadata.name).")
-    selector: LabelSelector | None = Field(default=None, description="A namespaceSelector.")
-
-    @field_validator("names")
-    @classmethod
-    def _namespace_names(cls, value: list[str] | None) -> list[str] | None:
-        for name in value or []:
-            if not DNS_LABEL.fullmatch(name) or len(name) > 63:
-                raise ValueError(f"{name!r} is not a valid namespace name (a DNS label)")
-        return value
-
-
-AdmissionAction = Literal["Deny", "Warn", "Audit"]
-
-
-class Admission(ApiModel):
-    """Pods and their class (docs/admission.md): ValidatingAdmissionPolicies that hold Kata pods
-    to their class's envelope and a memory limit, and a MutatingAdmissionPolicy that routes pods
-    labelled katasizing.dev/policy=<this policy> without a runtimeClassName to the smallest
-    class that covers them."""
-
-    enabled: bool = Field(default=True, description="false: no admission policies for this policy's pods.")
-    memory_limit_missing: AdmissionAction = Field(
-        default="Warn",
-        description="A pod of a class without a memory limit: Deny, Warn (the default) or Audit.",
-    )
-    envelope_exceeded: AdmissionAction = Field(
-        default="Deny",
-        description="A pod whose limits exceed its class's cpu or memory, or an opted-in pod that "
-        "fits no class: Deny (the default), Warn or Audit.",
-    )
-    namespaces: AdmissionNamespaces = Field(
-        default_factory=AdmissionNamespaces, description="Where the rules and the routing apply. Default: everywhere.")
-    routing: Literal["Auto", "MutatingAdmissionPolicy", "Webhook"] = Field(
-        default="Auto",
-        description="How opted-in pods get their class. Auto: a MutatingAdmissionPolicy where the "
-        "API server serves one, else the operator's webhook; MutatingAdmissionPolicy; Webhook.",
-    )
 
 
 def _check_headroom_warning(text: str) -> str:

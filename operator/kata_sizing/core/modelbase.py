@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from .kubegrammar import labels_problems
 from .quantity import QuantityError, cpu_cores, memory_bytes
 
 GROUP = "katasizing.dev"
@@ -91,6 +92,14 @@ def check_memory(text: str) -> str:
     except QuantityError as exc:
         raise ValueError(str(exc)) from None
     return text
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    # Copied into RuntimeClass scheduling, node and namespace selectors: ValidateLabels.
+    problems = labels_problems(labels)
+    if problems:
+        raise ValueError(problems[0])
+    return labels
 
 
 def check_cpu(text: str) -> str:

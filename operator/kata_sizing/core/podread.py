@@ -49,7 +49,7 @@ class PodInputError(ValueError):
 # --- reading pods ----------------------------------------------------------------------------
 
 
-def pod_spec_of(obj: Mapping) -> dict:
+def pod_spec_of(obj: object) -> dict:
     """The pod spec of a Pod, a PodTemplate, a Deployment/StatefulSet/DaemonSet/ReplicaSet/Job
     template, or a CronJob's job template."""
     if not isinstance(obj, Mapping):
@@ -80,7 +80,7 @@ def mapping_or_empty(value: object) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 
 
-def pod_metadata_of(obj: Mapping) -> dict:
+def pod_metadata_of(obj: object) -> dict:
     """The metadata the pods of `obj` get (a workload's template metadata, else the object's);
     anything that is not a mapping where one belongs reads as empty."""
     obj = mapping_or_empty(obj)

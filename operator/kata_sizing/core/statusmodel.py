@@ -6,7 +6,7 @@ status write. Never parsed from input (`parse_policy` drops a policy's status).
 
 # No `from __future__ import annotations`: pydantic would compile and evaluate every field's
 # annotation from its string when the models are built, on each CLI start.
-from typing import Literal
+from typing import Any, Literal, Self
 
 from pydantic import (
     ConfigDict,
@@ -21,6 +21,12 @@ class _Status(ApiModel):
     these models are built on first use (crdgen, the tests), not on every CLI run."""
 
     model_config = ConfigDict(defer_build=True, strict=False)
+
+    def replaced(self, **changes: Any) -> Self:
+        """A copy with `changes` (by field name), validated as a new model is: a misspelt field or
+        a value of the wrong type fails here, where `model_copy(update=...)` takes it silently."""
+        fields = type(self).model_fields
+        return self.model_validate({**{name: getattr(self, name) for name in fields}, **changes})
 
 
 class Condition(_Status):
