@@ -286,7 +286,7 @@ def test_the_plan_comes_first_and_plan_alone_boots_nothing(fake: Fake) -> None:
     assert lines[1:3] == ["  class s: 1 VM(s) of 200 MiB (2 vCPU)", "  class m: 1 VM(s) of 350 MiB (3 vCPU)"]
     assert lines[3] == ("  guest memory 550 MiB in all, at most 350 MiB at once (478 MiB with its VMM); a container "
                         "running this probe needs a memory limit of at least 606 MiB")
-    assert lines[4].startswith("  about 1 min under tcg")
+    assert lines[4] == "  about 14 s under tcg (6 s a boot, 4 s a GiB the guest touches)"
     assert lines[5].startswith("  room now: MemAvailable ") and f"; {fake.memory_dir} " in lines[5]
     # A run prints the same plan before its first boot.
     ran = probe(*fake.args(), env=fake.env("ok"))

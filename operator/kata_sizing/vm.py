@@ -157,7 +157,13 @@ class CgroupHierarchy:
         if limit_text is None or usage_text is None or not usage_text.strip().isdigit():
             return None
         inactive = keyed_counts(self._text(path / "memory.stat") or "").get(inactive_key, 0)
-        return CgroupLevel(self.name(path), limit_bytes(limit_text), int(usage_text.strip()), inactive, limit_file)
+        if self.v2:
+            hits = keyed_counts(self._text(path / "memory.events") or "").get("max")
+        else:
+            failcnt = (self._text(path / "memory.failcnt") or "").strip()
+            hits = int(failcnt) if failcnt.isdigit() else None
+        return CgroupLevel(self.name(path), limit_bytes(limit_text), int(usage_text.strip()), inactive, limit_file,
+                           hits)
 
     def levels(self, start: Path | None = None) -> list[CgroupLevel]:
         """Every memory cgroup whose limit applies to `start` (default: this process's own), from
@@ -465,6 +471,7 @@ class RunningVm:
         self.stopped_because: str | None = None
         self.timed_out = False
         self.result_: BootResult | None = None
+        self._hits_before: dict[str, int | None] = {}
 
     # -- starting
 
@@ -472,6 +479,7 @@ class RunningVm:
         if self.cgroups is None:
             self.cgroups = VmCgroups.here()
         self.cgroup = self.cgroups.create(f"kata-sizing-probe-{os.getpid()}-{self.name}")
+        self._hits_before = {level.path: level.limit_hits for level in self.cgroups.levels_over(self.cgroup)}
         self.started = time.monotonic()
         try:
             self.start(self.command, stderr=self.stderr)
@@ -614,7 +622,7 @@ class RunningVm:
         self._outputs.clear()
         for path in self.consoles:
             self.reader.end(path.name)
-        peak = oom = None
+        peak = oom = hits = None
         limit = None
         if self.cgroup is not None:
             peak, oom = self.cgroup.peak_bytes(), self.cgroup.oom_kills()
@@ -624,6 +632,9 @@ class RunningVm:
                              "5.19): a lower bound")
             assert self.cgroups is not None
             limit = tightest_limit(self.cgroups.levels_over(self.cgroup))
+            before = self._hits_before.get(limit.path) if limit is not None else None
+            if limit is not None and limit.limit_hits is not None and before is not None:
+                hits = limit.limit_hits - before
             problem = self.cgroup.remove()
             if problem:
                 notes.append(problem)
@@ -633,7 +644,8 @@ class RunningVm:
         first = self.stderr.first_line
         end = VmEnd(exit_code, timed_out=self.timed_out, seconds=time.monotonic() - self.started, oom_kills=oom,
                     limit=limit, memory_dir_free_bytes=free, memory_dir_size_bytes=size,
-                    stderr_line=quoted(first) if first else None, stopped_because=self.stopped_because)
+                    stderr_line=quoted(first) if first else None, stopped_because=self.stopped_because,
+                    limit_hits=hits)
         self.result_ = BootResult(self.reader.report(), HostFigures(self.peak_resident, peak), end, tuple(notes))
         return self.result_
 

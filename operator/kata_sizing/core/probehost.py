@@ -23,10 +23,12 @@ PROBE_MEMORY_MIB = 128
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages):
 # a limit this large limits nothing.
 NO_LIMIT_BYTES = 2**62
-# How long a VM takes, for the plan's estimate (docs/probe.md: measured on the 2-core machine the
-# suite runs on): a boot to the init's report, and the workload touching each GiB of the guest.
-BOOT_S = {"tcg": 12.0, "kvm": 2.0}
-TOUCH_S_PER_GIB = {"tcg": 6.0, "kvm": 1.0}
+# How long a VM takes, for the plan's estimate: a boot to the init's report, and the workload
+# touching each GiB of the guest. TCG's measured on 2 cores with other work running (docs/probe.md:
+# 4.5 s for 200 MiB, 9 s for 1.3 GiB, 11 s for 2.5 GiB), rounded up; KVM's not measured (no KVM
+# guest runs where the project is tested), a guess from a KVM guest reaching its init in under a second.
+BOOT_S = {"tcg": 6.0, "kvm": 2.0}
+TOUCH_S_PER_GIB = {"tcg": 4.0, "kvm": 1.0}
 # The KVM check of `--accel auto`: a small VM booted first (kata_sizing.vm.KVM_CHECK_S at most).
 KVM_CHECK_MIB = 128
 SIGBUS = int(signal.SIGBUS)
@@ -80,6 +82,8 @@ class CgroupLevel:
     usage_bytes: int
     inactive_file_bytes: int
     limit_file: str  # memory.max (v2) or memory.limit_in_bytes (v1)
+    # Times its limit was hit: v1 memory.failcnt, v2 memory.events `max` (None: not read).
+    limit_hits: int | None = None
 
     @property
     def working_set_bytes(self) -> int:
@@ -193,8 +197,9 @@ class ProbePlan:
         lines.append(f"  guest memory {total} MiB in all, at most {largest.memory_mib} MiB at once "
                      f"({vm_need_mib(largest)} MiB with its VMM); a container running this probe needs a memory "
                      f"limit of at least {self.container_memory_mib} MiB")
-        minutes = self.seconds(accelerator) / 60
-        lines.append(f"  about {max(1, round(minutes))} min under {accelerator} ({BOOT_S[accelerator]:g} s a boot, "
+        seconds = self.seconds(accelerator)
+        took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+        lines.append(f"  about {took} under {accelerator} ({BOOT_S[accelerator]:g} s a boot, "
                      f"{TOUCH_S_PER_GIB[accelerator]:g} s a GiB the guest touches)")
         lines.append(f"  room now: {room.describe()}")
         lines.extend(f"  note: {note}" for note in room.notes)
@@ -218,6 +223,7 @@ class VmEnd:
     memory_dir_size_bytes: int | None = None
     stderr_line: str | None = None
     stopped_because: str | None = None  # the probe stopped it for this (a console flood)
+    limit_hits: int | None = None  # times `limit` was hit while the VM ran
 
 
 def _signal_of(exit_code: int | None) -> int | None:
@@ -251,6 +257,10 @@ def failure(point: ProbePoint, memory_dir: str, end: VmEnd, problem: str | None)
                 f"{end.oom_kills}); the VM of {vm.memory_mib} MiB needs about {vm_need_mib(vm)} MiB with its VMM, "
                 f"{over}")
     number = _signal_of(end.exit_code)
+    if end.oom_kills is None and number == SIGKILL and end.limit_hits and end.limit is not None:
+        return (f"killed by SIGKILL after the memory limit over it was hit {end.limit_hits} time(s): most likely the "
+                f"OOM killer (this kernel keeps no OOM kill count); the VM of {vm.memory_mib} MiB needs about "
+                f"{vm_need_mib(vm)} MiB with its VMM, the limit is {end.limit.describe()}")
     if number == SIGBUS:
         size = "" if end.memory_dir_size_bytes is None else (
             f": a filesystem of {end.memory_dir_size_bytes // MIB} MiB, {(end.memory_dir_free_bytes or 0) // MIB} MiB "
