@@ -32,6 +32,7 @@ from kata_sizing.core.probe import (
     vm_command,
     vmm_paths,
 )
+from kata_sizing.core.probehost import CgroupLevel, HostRoom, VmEnd, failure, fit_problem
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
 from kata_sizing.core.survey import COLUMNS, to_csv
@@ -308,3 +309,52 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     assert _qemu_pids(memory_dir) == [] and leftovers == []
     assert left_in_tmpfs == ["shm,share=off"]
     print(f"three VMs of {[vm.memory_mib for vm in vms]} MiB under TCG: {stderr}")
+
+
+END_POINT = ProbePoint("m", Decimal(1), 192, Vm(2, 350))
+SHM_GUIDANCE = (" A memory directory (/dev/shm on a Kata node) too small for the VMs on it kills them this way: size it "
+                "with `kata-sizing render --node-capacity` (docs/probe.md)")
+LIMIT = CgroupLevel("/kubepods/pod1", 300 * MIB, 40 * MIB, 0, "memory.limit_in_bytes", 3)
+
+
+@pytest.mark.parametrize("end, problem, said", [
+    (VmEnd(-9, oom_kills=1, limit=LIMIT), None,
+     "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the VM of 350 MiB needs about 478 "
+     "MiB with its VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
+    (VmEnd(-9, oom_kills=1), None, "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the "
+     "VM of 350 MiB needs about 478 MiB with its VMM, no cgroup limit over it: the host itself ran out"),
+    (VmEnd(-9, oom_kills=None, limit=LIMIT, limit_hits=2), None,
+     "killed by SIGKILL after the memory limit over it was hit 2 time(s): most likely the OOM killer (this kernel keeps "
+     "no OOM kill count); the VM of 350 MiB needs about 478 MiB with its VMM, the limit is 300 MiB "
+     "(memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
+    (VmEnd(-9, oom_kills=0, limit=LIMIT, limit_hits=2), "the guest's workload never finished",
+     "the VMM was killed by SIGKILL (the guest's workload never finished)"),
+    (VmEnd(-7, memory_dir_size_bytes=512 * MIB, memory_dir_free_bytes=3 * MIB), None,
+     "SIGBUS: the VMM died of signal 7 (exit -7): the guest touched memory its file in /dev/shm could not get: a "
+     "filesystem of 512 MiB, 3 MiB free after the VM; the VM needs 350 MiB there." + SHM_GUIDANCE),
+    (VmEnd(135), None, "SIGBUS: the VMM died of signal 7 (exit 135): the guest touched memory its file in /dev/shm "
+     "could not get; the VM needs 350 MiB there." + SHM_GUIDANCE),
+    (VmEnd(None, timed_out=True, seconds=300.2), "the guest's workload never finished",
+     "timed out after 300 s (the guest's workload never finished)"),
+    (VmEnd(None, stopped_because="the guest wrote more than 256 MiB on its console vm0.console"), None,
+     "stopped: the guest wrote more than 256 MiB on its console vm0.console"),
+    (VmEnd(1, stderr_line="qemu: could not load kernel '/k'"), "the guest never reported (no init output on its consoles)",
+     "the VMM exited with 1: qemu: could not load kernel '/k'"),
+    (VmEnd(0), "the guest's report is malformed: x", "the guest's report is malformed: x"),
+    (VmEnd(0), None, None),
+])
+def test_what_ended_a_vm_is_named(end, problem, said):
+    assert failure(END_POINT, "/dev/shm", end, problem) == said
+
+
+def test_a_vm_is_held_to_the_host_s_available_memory_the_memory_dir_and_the_limits_over_the_probe():
+    room = HostRoom(400 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
+    assert fit_problem(END_POINT, room) == ("class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than "
+                                            "the host's MemAvailable 400 MiB (/proc/meminfo)")
+    room = HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
+    assert fit_problem(END_POINT, room) == (
+        "class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than the memory limit over the probe "
+        "leaves: 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)")
+    assert fit_problem(END_POINT, HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB)) is None
+    # Not read is no limit: the probe says what it could not read, and boots.
+    assert fit_problem(END_POINT, HostRoom(None, "/dev/shm", None, None)) is None

@@ -392,7 +392,7 @@ def memory_dir_space(memory_dir: str) -> tuple[int | None, int | None]:
 def host_room(memory_dir: str, cgroups: VmCgroups, meminfo: Path = PROC / "meminfo") -> HostRoom:
     free, size = memory_dir_space(memory_dir)
     return HostRoom(mem_available_bytes(meminfo), memory_dir, free, size, tuple(cgroups.levels_over(None)),
-                    tuple(cgroups.notes))
+                    tuple(cgroups.notes), os.cpu_count())
 
 
 # --- a VM ------------------------------------------------------------------------------------------------

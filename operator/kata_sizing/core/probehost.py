@@ -119,6 +119,7 @@ class HostRoom:
     memory_dir_size_bytes: int | None
     cgroup_levels: tuple[CgroupLevel, ...] = ()
     notes: tuple[str, ...] = ()
+    host_cpus: int | None = None
 
     @property
     def cgroup_limit(self) -> CgroupLevel | None:
@@ -202,6 +203,10 @@ class ProbePlan:
         lines.append(f"  about {took} under {accelerator} ({BOOT_S[accelerator]:g} s a boot, "
                      f"{TOUCH_S_PER_GIB[accelerator]:g} s a GiB the guest touches)")
         lines.append(f"  room now: {room.describe()}")
+        vcpus = max(p.vm.vcpus for p in self.points)
+        if room.host_cpus is not None and vcpus > room.host_cpus:
+            lines.append(f"  note: VMs of up to {vcpus} vCPUs on a host of {room.host_cpus} CPUs: they boot, and take "
+                         "longer than the estimate")
         lines.extend(f"  note: {note}" for note in room.notes)
         return lines
 
