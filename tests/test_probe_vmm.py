@@ -140,7 +140,8 @@ def test_a_wrapper_script_s_sigbus_is_named_too(fake: Fake) -> None:
     assert all(" failed: SIGBUS: the VMM died of signal 7 (exit 135)" in line for line in ran.comments[-3:-1]), ran.stdout
 
 
-def test_sigterm_keeps_the_rows_written_and_stops_every_vm(fake: Fake) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_keeps_the_rows_written_and_stops_every_vm(fake: Fake, signum: signal.Signals) -> None:
     process = subprocess.Popen([sys.executable, "-m", "kata_sizing.cli", "probe", *fake.args()],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                env=fake.env("200:ok,hang"))
@@ -153,15 +154,15 @@ def test_sigterm_keeps_the_rows_written_and_stops_every_vm(fake: Fake) -> None:
         deadline = time.monotonic() + 30
         while not fake.pids and time.monotonic() < deadline:  # the second VM, hanging
             time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)  # a Job's pod deleted
+        process.send_signal(signum)  # a Job's pod deleted, or Ctrl-C
         out, err = process.communicate(timeout=30)
     finally:
         process.kill()
     assert process.returncode == 130, err
     text = "".join(lines) + out
     assert [s.class_name for s in parse_samples_csv(text)] == ["s"]
-    assert text.splitlines()[-2:] == [f"# {M_VM}: stopped by SIGTERM before it finished: not measured",
-                                      "# Stopped by SIGTERM: 1 of 2 VM(s) measured."]
+    assert text.splitlines()[-2:] == [f"# {M_VM}: stopped by {signum.name} before it finished: not measured",
+                                      f"# Stopped by {signum.name}: 1 of 2 VM(s) measured."]
     assert_nothing_left(fake, Ran(process.returncode, text, err, process.pid))
 
 
@@ -329,6 +330,19 @@ def test_a_kata_configuration_whose_paths_would_forge_lines_is_refused(fake: Fak
     assert ran.returncode == 2
     assert ran.stderr == (f"error: {config}: [hypervisor.qemu] kernel: '/k\\nnode,pod,class' holds the control "
                           "character '\\n' (a path with it could forge a line of output)\n")
+
+
+def test_a_vm_larger_than_the_host_is_refused_before_any_boot(fake: Fake) -> None:
+    # A class whose VM is 1 TiB: no host this runs on has it (its memory dir neither).
+    huge = {**POLICY, "spec": {**POLICY["spec"], "classes": [*POLICY["spec"]["classes"],
+                                                             {"name": "xl", "cpu": "2", "memory": "1Ti"}]}}
+    fake.policy.write_text(yaml.safe_dump(huge))
+    ran = probe(*fake.args(), env=fake.env("ok"))
+    assert ran.returncode == 2
+    [error] = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: class xl: the VM of 1") and "nothing booted (probe less:" in error
+    assert ("more than the host's MemAvailable" in error) or ("does not fit the memory directory" in error)
+    assert fake.starts == [] and ran.stdout == ""
 
 
 def test_a_vm_the_memory_dir_cannot_hold_is_refused_before_any_boot(fake: Fake) -> None:

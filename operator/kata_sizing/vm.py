@@ -141,7 +141,8 @@ class CgroupHierarchy:
     def name(self, path: Path) -> str:
         return "/" + str(path.relative_to(self.mount)).removeprefix(".")
 
-    def _text(self, path: Path) -> str | None:
+    def text(self, path: Path) -> str | None:
+        """A cgroup file's text; None when it cannot be read (absent: the kernel does not offer it)."""
         try:
             return self.files.read(path)
         except OSError:
@@ -153,14 +154,14 @@ class CgroupHierarchy:
         limit_file, usage_file, inactive_key = (
             ("memory.max", "memory.current", "inactive_file") if self.v2
             else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
-        limit_text, usage_text = self._text(path / limit_file), self._text(path / usage_file)
+        limit_text, usage_text = self.text(path / limit_file), self.text(path / usage_file)
         if limit_text is None or usage_text is None or not usage_text.strip().isdigit():
             return None
-        inactive = keyed_counts(self._text(path / "memory.stat") or "").get(inactive_key, 0)
+        inactive = keyed_counts(self.text(path / "memory.stat") or "").get(inactive_key, 0)
         if self.v2:
-            hits = keyed_counts(self._text(path / "memory.events") or "").get("max")
+            hits = keyed_counts(self.text(path / "memory.events") or "").get("max")
         else:
-            failcnt = (self._text(path / "memory.failcnt") or "").strip()
+            failcnt = (self.text(path / "memory.failcnt") or "").strip()
             hits = int(failcnt) if failcnt.isdigit() else None
         return CgroupLevel(self.name(path), limit_bytes(limit_text), int(usage_text.strip()), inactive, limit_file,
                            hits)
@@ -168,7 +169,7 @@ class CgroupHierarchy:
     def levels(self, start: Path | None = None) -> list[CgroupLevel]:
         """Every memory cgroup whose limit applies to `start` (default: this process's own), from
         it up to the hierarchy's root. The kernel charges each page to every level up (v2 always;
-        v1 while the parent's memory.use_hierarchy is 1, the only value since Linux 5.?)."""
+        v1 while the parent's memory.use_hierarchy is 1, the only value recent kernels allow)."""
         found = []
         path = start or self.own
         while True:
@@ -178,7 +179,7 @@ class CgroupHierarchy:
             if path == self.mount or self.mount not in path.parents:
                 return found
             parent = path.parent
-            if not self.v2 and (self._text(parent / "memory.use_hierarchy") or "1").strip() == "0":
+            if not self.v2 and (self.text(parent / "memory.use_hierarchy") or "1").strip() == "0":
                 return found
             path = parent
 
@@ -191,12 +192,10 @@ class MemoryCgroup:
     def __init__(self, path: Path, hierarchy: CgroupHierarchy) -> None:
         self.path, self.hierarchy = path, hierarchy
         self.files = hierarchy.files
+        self.killed: set[int] = set()
 
     def _text(self, name: str) -> str | None:
-        try:
-            return self.files.read(self.path / name)
-        except OSError:
-            return None
+        return self.hierarchy.text(self.path / name)
 
     def join(self) -> None:
         """Run in a process of the VM before it executes (Popen's preexec_fn)."""
@@ -226,8 +225,8 @@ class MemoryCgroup:
     def kill_all(self, timeout_s: float = KILL_S) -> list[int]:
         """Kill every process of the cgroup, those started since included (a daemon that forked
         away from the VMM, a wrapper's child): v2's cgroup.kill where the kernel has it (5.14),
-        and SIGKILL to each pid listed until none is left. The pids still alive at the timeout."""
-        killed: set[int] = set()
+        and SIGKILL to each pid listed until none is left (each one in `killed`, for its reaper).
+        The pids still alive at the timeout."""
         if self.hierarchy.v2 and (self.path / "cgroup.kill").exists():
             try:
                 self.files.write(self.path / "cgroup.kill", "1")
@@ -241,15 +240,10 @@ class MemoryCgroup:
             for pid in alive:
                 try:
                     os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
+                    self.killed.add(pid)
                 except ProcessLookupError:
                     pass
             time.sleep(0.01)
-        for pid in killed:  # the probe may be their reaper (PID 1 of a Job's container)
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
         return alive
 
     def remove(self) -> str | None:
@@ -276,7 +270,7 @@ class VmCgroups:
     def __init__(self, hierarchy: CgroupHierarchy | None, why: str | None = None) -> None:
         self.hierarchy = hierarchy
         self.notes: list[str] = [why] if why else []
-        self.memory = hierarchy is not None
+        self._can_create = hierarchy is not None
         self._enabled = False
         self._leaf: Path | None = None
 
@@ -290,11 +284,10 @@ class VmCgroups:
         if hierarchy is None or not hierarchy.v2:
             return self
         files, own = hierarchy.files, hierarchy.own
-        read = lambda name: (hierarchy._text(own / name) or "").split()  # noqa: E731
+        read = lambda name: (hierarchy.text(own / name) or "").split()  # noqa: E731
         if "memory" in read("cgroup.subtree_control"):
             return self
         if "memory" not in read("cgroup.controllers"):
-            self.memory = False
             self.notes.append(f"the memory controller is not delegated to {hierarchy.name(own)} (not in its "
                               "cgroup.controllers): the VMs' cgroups have no memory files, the rows' cgroup peak "
                               "stays empty")
@@ -305,7 +298,6 @@ class VmCgroups:
             return self
         except OSError as exc:
             if exc.errno != errno.EBUSY:
-                self.memory = False
                 self.notes.append(f"cannot enable +memory in {hierarchy.name(own)}/cgroup.subtree_control: "
                                   f"{exc.strerror}; the rows' cgroup peak stays empty")
                 return self
@@ -318,7 +310,6 @@ class VmCgroups:
             files.write(own / "cgroup.subtree_control", "+memory")
             self._enabled = True
         except OSError as exc:
-            self.memory = False
             self.notes.append(f"cannot enable +memory in {hierarchy.name(own)}/cgroup.subtree_control ({exc.strerror}: "
                               "other processes share the probe's cgroup, and cgroup v2 keeps processes out of a "
                               "cgroup that enables controllers for its children); the rows' cgroup peak stays empty")
@@ -348,15 +339,21 @@ class VmCgroups:
             self._leaf = None
 
     def create(self, name: str) -> MemoryCgroup | None:
-        if self.hierarchy is None:
+        """A VM's cgroup below the probe's (one a crashed probe of the same pid left, empty, is
+        removed first); None, and a note, where none can be made."""
+        if self.hierarchy is None or not self._can_create:
             return None
-        path = self.hierarchy.own / name
+        path, files = self.hierarchy.own / name, self.hierarchy.files
         try:
-            self.hierarchy.files.mkdir(path)
+            try:
+                files.mkdir(path)
+            except FileExistsError:
+                files.rmdir(path)
+                files.mkdir(path)
         except OSError as exc:
             self.notes.append(f"cannot create a cgroup under {self.hierarchy.own}: {exc.strerror}; the rows' cgroup "
                               "peak stays empty, and processes a VMM leaves may outlive it")
-            self.hierarchy = None
+            self._can_create = False
             return None
         return MemoryCgroup(path, self.hierarchy)
 
@@ -430,6 +427,11 @@ class _Output:
         line = next((line for line in self._head.split(b"\n") if line.strip()), None)
         return None if line is None else line.decode(errors="replace").strip()
 
+    @property
+    def last_line(self) -> str | None:
+        line = next((line for line in reversed(self.tail.split(b"\n")) if line.strip()), None)
+        return None if line is None else line.decode(errors="replace").strip()
+
 
 def _peak_resident_bytes(pid: int) -> int | None:
     try:
@@ -460,7 +462,7 @@ class RunningVm:
         self.cgroup: MemoryCgroup | None = None
         self.processes: list[subprocess.Popen] = []
         self.reader = ConsoleReader()
-        self._offsets = {str(path): 0 for path in self.consoles}
+        self._offsets = {path: 0 for path in self.consoles}
         self._selector = selectors.DefaultSelector()
         self._outputs: dict[int, _Output] = {}
         self.stderr = _Output()
@@ -547,7 +549,7 @@ class RunningVm:
 
     def _read_consoles(self) -> None:
         for path in self.consoles:
-            offset = self._offsets[str(path)]
+            offset = self._offsets[path]
             try:
                 with open(path, "rb") as handle:
                     handle.seek(offset)
@@ -561,7 +563,7 @@ class RunningVm:
                     offset += read
             except FileNotFoundError:
                 continue
-            self._offsets[str(path)] = offset
+            self._offsets[path] = offset
             if offset > MAX_CONSOLE_BYTES and self.stopped_because is None:
                 self.stopped_because = (f"the guest wrote more than {MAX_CONSOLE_BYTES // MIB} MiB on its console "
                                         f"{path.name}")
@@ -608,12 +610,21 @@ class RunningVm:
         else:  # no cgroup to find them by: the sessions the processes were started in
             for process in self.processes:
                 if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
         for process in self.processes:
             try:
                 process.wait(KILL_S)
             except subprocess.TimeoutExpired:
                 notes.append(f"process {process.pid} of the VM did not end within {KILL_S:g} s of SIGKILL")
+        own = {process.pid for process in self.processes}
+        for pid in (self.cgroup.killed - own) if self.cgroup is not None else ():
+            try:  # orphans the probe reaps when it is PID 1 (a Job's container)
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
         self.poll()
         for pipe in [key.fileobj for key in self._selector.get_map().values()]:
             self._selector.unregister(pipe)
@@ -641,7 +652,9 @@ class RunningVm:
             self.cgroup = None
         free, size = memory_dir_space(self.memory_dir)
         exit_code = None if main is None or self.stopped_by_us else main.returncode
-        first = self.stderr.first_line
+        first, last = self.stderr.first_line, self.stderr.last_line
+        if exit_code not in (0, None) and last and last != first:
+            notes.append(f"the VMM's stderr ended with: {quoted(last)}")
         end = VmEnd(exit_code, timed_out=self.timed_out, seconds=time.monotonic() - self.started, oom_kills=oom,
                     limit=limit, memory_dir_free_bytes=free, memory_dir_size_bytes=size,
                     stderr_line=quoted(first) if first else None, stopped_because=self.stopped_because,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import PurePosixPath
 
+from .bounded import printable
 from .calibrate import Sample
 from .model import Runtime
 from .quantity import MIB
@@ -33,8 +34,8 @@ HVC_SUFFIX = ".hvc"
 # The workload allocates and touches this many MiB at a time: what it reports is a lower bound
 # of what it could have within one step.
 ALLOCATION_STEP_MIB = 4
-# At most this many VMs per class (`--points`): each is a boot of 10 to 20 s under TCG, and more
-# sizes than this add nothing to a line fitted through them (docs/probe.md).
+# At most this many VMs per class (`--points`): each is a boot (seconds to a minute under TCG, by
+# its size), and more sizes than this add nothing to a line fitted through them (docs/probe.md).
 MAX_POINTS_PER_CLASS = 10
 # Where kata-deploy installs (its chart's default), and where a shim's configuration lives under
 # it: the per-shim layout first (drop-ins in config.d/ beside it), then the flat one.
@@ -231,10 +232,9 @@ MEMINFO_PARTS = ("MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable",
 
 
 def quoted(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
-    """Text from outside (a guest, a VMM's stderr) for one line of a message: what does not print
-    as its escape, at most `limit` characters."""
-    clipped = text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
-    return clipped if clipped.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in clipped)
+    """Text from outside (a guest, a VMM's stderr) for one line of a message: at most `limit`
+    characters, what does not print as its escape (bounded.printable)."""
+    return printable(text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)")
 
 
 @dataclass(frozen=True)
