@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kata_sizing import vm as vmrun
+from kata_sizing.cli import main
 from kata_sizing.core.calibrate import PROBE_COLUMNS, parse_samples_csv
 from kata_sizing.core.model import Runtime, parse_policy
 from kata_sizing.core.probe import (
@@ -158,11 +159,13 @@ def test_the_initramfs_is_a_newc_archive_with_the_init_at_slash_init():
         initramfs(b"#!/bin/sh\n")
 
 
-def probe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def probe(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`kata-sizing probe` in this process (what it refuses before any boot needs no interpreter of its own)."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(POLICY))
-    return subprocess.run([sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), *args], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
+    code = main(["probe", str(policy), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.parametrize("args, line", [
@@ -178,11 +181,11 @@ def probe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (["--points", "0", "--vmm", "/bin/sh", "--kernel", "/bin/sh"],
      "error: --points 0: at least 1 and at most 10 VMs per class"),
 ])
-def test_bad_paths_are_one_line_and_exit_2(tmp_path, args, line):
-    found = probe(tmp_path, *args)
-    assert found.returncode == 2, found.stderr
-    assert found.stderr.startswith(line) and found.stderr.count("\n") == 1, found.stderr
-    assert found.stdout == ""
+def test_bad_paths_are_one_line_and_exit_2(tmp_path, capsys, args, line):
+    code, out, err = probe(tmp_path, capsys, *args)
+    assert code == 2, err
+    assert err.startswith(line) and err.count("\n") == 1, err
+    assert out == ""
 
 
 QEMU = Path("/usr/bin/qemu-system-x86_64")

@@ -6,13 +6,12 @@ Security level, which kata-sizing's own namespace would refuse."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kata_sizing.cli import main
 from kata_sizing.core.probehost import PROBE_MEMORY_MIB, VMM_MARGIN_MIB
 from kata_sizing.core.quantity import MIB, memory_bytes
 from tests.realcluster import ControlPlane
@@ -27,19 +26,19 @@ def example() -> tuple[dict, dict, dict]:
     return namespace, config_map, job
 
 
-def test_the_job_s_memory_limit_holds_the_plan_of_its_own_policy(tmp_path: Path) -> None:
+def test_the_job_s_memory_limit_holds_the_plan_of_its_own_policy(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     _, config_map, job = example()
     policy = tmp_path / "policy.yaml"
     policy.write_text(config_map["data"]["policy.yaml"])
     container = job["spec"]["template"]["spec"]["containers"][0]
     args = [{"/etc/kata-sizing/policy.yaml": str(policy), "$(NODE_NAME)": "node-1"}.get(a, a) for a in container["args"]]
     assert args[0] == "probe"
-    planned = subprocess.run([sys.executable, "-m", "kata_sizing.cli", *args, "--plan", "--memory-dir", str(tmp_path)],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert planned.returncode == 0, planned.stderr
-    needs_mib = int(re.search(r"needs a memory limit of at least (\d+) MiB", planned.stderr).group(1))
+    assert main([*args, "--plan", "--memory-dir", str(tmp_path)]) == 0
+    planned = capsys.readouterr().err
+    needs_mib = int(re.search(r"needs a memory limit of at least (\d+) MiB", planned).group(1))
     limit_mib = memory_bytes(container["resources"]["limits"]["memory"]) // MIB
-    assert needs_mib <= limit_mib, planned.stderr
+    assert needs_mib <= limit_mib, planned
     # And whatever policy the ConfigMap is given: no VM above the cap boots.
     cap_mib = memory_bytes(args[args.index("--max-vm-memory") + 1]) // MIB
     assert cap_mib + VMM_MARGIN_MIB + PROBE_MEMORY_MIB <= limit_mib
