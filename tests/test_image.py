@@ -154,8 +154,8 @@ def test_the_image_carries_the_probes_init_and_probe_finds_it(podman: img.Podman
     """The probe Job (examples/probe/job.yaml) runs this image: its init is where `probe` looks, and
     the first thing it misses on a machine without Kata is the node's configuration."""
     result = run(podman, "probe", "/policies/qemu-runtime-rs.yaml", "--vmm", "/bin/sh", "--kernel", "/bin/sh",
-                 "--memory-dir", "/tmp", "--accel", "tcg", "--timeout", "5", "--classes", "s", "--points", "1",
-                 options=("--volume", f"{EXAMPLES}:/policies:ro"), check=False)
+                 "--memory-dir", "/guest-memory", "--accel", "tcg", "--timeout", "5", "--classes", "s", "--points", "1",
+                 options=("--volume", f"{EXAMPLES}:/policies:ro", "--tmpfs", "/guest-memory:size=2g"), check=False)
     # /bin/sh is no VMM: QEMU's place is taken, and the init was found (it is checked first); the VM
     # fails, said in the CSV, and the probe says some failed.
     assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
