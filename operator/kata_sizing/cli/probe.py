@@ -206,8 +206,9 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
     columns = (*COLUMNS, *PROBE_COLUMNS)
     out = CsvOut(sys.stdout)
     failed: list[str] = []
+    said = len(cgroups.notes)  # in the plan already
     with vm.StopRequest() as stop, cgroups, tempfile.TemporaryDirectory(prefix="kata-sizing-probe-") as scratch:
-        for note in cgroups.notes:
+        for note in cgroups.notes[said:]:
             print(f"note: {note}", file=sys.stderr)
         workdir = Path(scratch)
         image = workdir / "initramfs.cpio"
