@@ -162,6 +162,8 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "survey": _external("bench.survey_bench", "bench_survey"),
     # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover.
     "node": _external("bench.node_bench", "bench_node"),
+    # `probe`: a two-class plan booted under TCG, and the probe's memory while a guest floods its console.
+    "probe": _external("bench.probe_bench", "bench_probe"),
 }
 
 

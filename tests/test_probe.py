@@ -7,13 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kata_sizing import vm as vmrun
+from kata_sizing.cli import main
 from kata_sizing.core.calibrate import PROBE_COLUMNS, parse_samples_csv
 from kata_sizing.core.model import Runtime, parse_policy
 from kata_sizing.core.probe import (
@@ -26,13 +28,16 @@ from kata_sizing.core.probe import (
     parse_console,
     probe_points,
     probe_row,
+    qemu_option_value,
     report_problem,
     vm_command,
     vmm_paths,
 )
+from kata_sizing.core.probehost import CgroupLevel, HostRoom, VmEnd, failure, fit_problem
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
 from kata_sizing.core.survey import COLUMNS, to_csv
+from tests.operator_helpers import wait_for as poll
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "p"},
@@ -101,8 +106,9 @@ def test_points_are_each_class_s_smallest_and_largest_pods_as_explain_gives_them
     for point in points:
         assert point.vm == explain_pod(sizing, point.class_name, point.cpu_limit, point.container_limit_mib * MIB).vm
     assert [p.container_limit_mib for p in probe_points(sizing, 1)] == [64, 192]
-    with pytest.raises(ProbeError, match="at least 1 VM per class"):
-        probe_points(sizing, 0)
+    for wrong in (0, 11):
+        with pytest.raises(ProbeError, match=f"--points {wrong}: at least 1 and at most 10 VMs per class"):
+            probe_points(sizing, wrong)
 
 
 def test_the_kata_configuration_gives_the_vmm_and_kernel_or_says_what_is_missing():
@@ -153,11 +159,13 @@ def test_the_initramfs_is_a_newc_archive_with_the_init_at_slash_init():
         initramfs(b"#!/bin/sh\n")
 
 
-def probe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def probe(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`kata-sizing probe` in this process (what it refuses before any boot needs no interpreter of its own)."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(POLICY))
-    return subprocess.run([sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), *args], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
+    code = main(["probe", str(policy), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.parametrize("args, line", [
@@ -170,13 +178,14 @@ def probe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (["--vmm", "/bin/sh", "--kernel", "/bin/sh", "--init", "/nonexistent"], "error: --init /nonexistent: no such file"),
     (["--vmm", "/bin/sh", "--kernel", "/bin/sh", "--memory-dir", "/nonexistent"],
      "error: --memory-dir /nonexistent: not a directory"),
-    (["--points", "0", "--vmm", "/bin/sh", "--kernel", "/bin/sh"], "error: --points 0: at least 1 VM per class"),
+    (["--points", "0", "--vmm", "/bin/sh", "--kernel", "/bin/sh"],
+     "error: --points 0: at least 1 and at most 10 VMs per class"),
 ])
-def test_bad_paths_are_one_line_and_exit_2(tmp_path, args, line):
-    found = probe(tmp_path, *args)
-    assert found.returncode == 2, found.stderr
-    assert found.stderr.startswith(line) and found.stderr.count("\n") == 1, found.stderr
-    assert found.stdout == ""
+def test_bad_paths_are_one_line_and_exit_2(tmp_path, capsys, args, line):
+    code, out, err = probe(tmp_path, capsys, *args)
+    assert code == 2, err
+    assert err.startswith(line) and err.count("\n") == 1, err
+    assert out == ""
 
 
 QEMU = Path("/usr/bin/qemu-system-x86_64")
@@ -195,50 +204,160 @@ def vmm() -> tuple[Path, Path, Path]:
     return QEMU, KERNEL, INIT
 
 
-def test_a_vmm_that_will_not_start_is_one_line(tmp_path, vmm):
-    _, kernel, init = vmm
-    found = probe(tmp_path, "--vmm", "/bin/false", "--kernel", str(kernel), "--init", str(init), "--accel", "tcg")
-    assert found.returncode == 2
-    assert found.stderr.splitlines()[-1] == "error: the VMM /bin/false failed: exit 1", found.stderr
-
-
-def test_a_guest_that_never_reports_is_one_line(tmp_path, vmm):
-    qemu, kernel, _ = vmm
-    # A static binary that is not the probe's init: the guest boots it and says nothing.
-    found = probe(tmp_path, "--vmm", str(qemu), "--kernel", str(kernel), "--init", "/bin/busybox", "--accel", "tcg",
-                  "--points", "1", "--timeout", "3")
-    assert found.returncode == 2
-    assert found.stderr.splitlines()[-1] == (
-        "error: VM of 200 MiB (class s): the guest never reported (no init output on its consoles) within 3 s"), found.stderr
-
-
-def test_a_probe_stopped_midway_leaves_no_vm_running(tmp_path, vmm):
-    qemu, kernel, init = vmm
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
-    process = subprocess.Popen([sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), "--vmm", str(qemu),
-                                "--kernel", str(kernel), "--init", str(init), "--accel", "tcg", "--memory-dir", str(tmp_path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 30
-        while not list(tmp_path.glob("kata-sizing-probe-*")) and not _vms_of(tmp_path) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _vms_of(tmp_path), "no VM started"
-        process.send_signal(signal.SIGTERM)  # a Job's pod deleted
-        _, stderr = process.communicate(timeout=30)
-    finally:
-        process.kill()
-    assert process.returncode == 130, stderr
-    assert _vms_of(tmp_path) == []
-
-
-def _vms_of(memory_dir: Path) -> list[int]:
-    """QEMU processes whose guest memory is in `memory_dir`."""
+def _qemu_pids(memory_dir: Path) -> list[int]:
+    """Live QEMU processes whose guest memory is in `memory_dir` (as the command line names it)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if f"mem-path={memory_dir}," in cmdline.read_text():
+            if f"mem-path={qemu_option_value(str(memory_dir))},share=on" in cmdline.read_text() and \
+                    vmrun._pid_alive(int(cmdline.parent.name)):
                 found.append(int(cmdline.parent.name))
         except OSError:
             continue
     return found
+
+
+def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vmm):
+    """Three real VMs (TCG) of one probe, their memory on a tmpfs in a directory whose name holds a
+    comma: the first gives its row; while the second runs, other files fill the tmpfs (as other
+    Kata VMs fill /dev/shm) and it dies of SIGBUS; while the third runs, the memory limit over the
+    probe (a Job's container) drops below it and the kernel OOM-kills it. The run goes on through
+    both, and says each."""
+    qemu, kernel, init = vmm
+    if os.geteuid() != 0:
+        pytest.skip("a tmpfs and a memory cgroup of the test's own need root")
+    hierarchy, why = vmrun.CgroupHierarchy.find()
+    if hierarchy is None or hierarchy.v2:
+        pytest.skip(f"the test sets a cgroup v1 limit: {why or 'this host runs cgroup v2'}")
+    body = {**POLICY, "spec": {**POLICY["spec"], "classes": [
+        {"name": "s", "cpu": "1", "memory": "64Mi"}, {"name": "m", "cpu": "1", "memory": "192Mi"},
+        {"name": "l", "cpu": "1", "memory": "384Mi"}]}}
+    vms = [p.vm for p in probe_points(size_policy(parse_policy(body)), 1)]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(body))
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    tmpfs_mib = vms[-1].memory_mib + 16
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mib}m", "tmpfs", str(mount)], check=True)
+    memory_dir = mount / "shm,share=off"  # unescaped, QEMU would read share=off as an option
+    memory_dir.mkdir()
+    parent = hierarchy.own / f"ksp-test-{os.getpid()}"  # the probe's cgroup, as a Job's container's
+    parent.mkdir()
+    filler = mount / "other-vms"
+    stderr_path = tmp_path / "stderr"
+    with open(stderr_path, "w") as stderr_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), "--vmm", str(qemu), "--kernel", str(kernel),
+             "--init", str(init), "--accel", "tcg", "--points", "1", "--memory-dir", str(memory_dir), "--timeout", "120"],
+            stdout=subprocess.PIPE, stderr=stderr_file, text=True, cwd=ROOT,
+            preexec_fn=lambda: (parent / "cgroup.procs").write_text(str(os.getpid())))
+    assert process.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        def vm_started(number: int, seen: list[int]) -> int:
+            return poll(lambda: next((p for p in _qemu_pids(memory_dir) if p not in seen), None), 120,
+                        lambda: f"VM {number} never started: {lines} {process.poll()}", interval=0.01)
+
+        first = vm_started(1, [])
+        # The guest's memory file is in the directory the comma is part of.
+        maps = poll(lambda: [line for line in Path(f"/proc/{first}/maps").read_text().splitlines()
+                             if f"{memory_dir}/" in line], 30, "QEMU's memory file", interval=0.05)
+        assert maps
+        poll(lambda: any(line.startswith(",,s,") for line in lines), 120, lambda: f"the first row: {lines}", interval=0.05)
+        second = vm_started(2, [first])
+        # The probe holds still while other files fill the tmpfs and go again, so it sees them only
+        # through what they did to its VM (it looks again before the next VM boots).
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            with open(filler, "wb") as handle:  # all but 64 MiB, before the guest has touched much
+                free = os.statvfs(mount)
+                os.posix_fallocate(handle.fileno(), 0, free.f_bavail * free.f_frsize - 64 * MIB)
+            poll(lambda: not vmrun._pid_alive(second), 120, "the second VM's end", interval=0.05)
+            filler.unlink()
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        vm_started(3, [first, second])
+        (parent / "memory.limit_in_bytes").write_text(str(300 * MIB))
+        process.wait(timeout=180)
+    finally:
+        process.kill()
+        process.wait()
+        reader.join(5)
+        process.stdout.close()
+        filler.unlink(missing_ok=True)
+        leftovers = list(parent.glob("kata-sizing-probe-*"))
+        parent.rmdir()
+        left_in_tmpfs = sorted(p.name for p in mount.rglob("*"))
+        subprocess.run(["umount", str(mount)], check=True)
+    stderr = stderr_path.read_text()
+    assert process.returncode == 3, stderr
+    text = "".join(lines)
+    assert [(s.class_name, s.vm_nominal_mib) for s in parse_samples_csv(text)] == [("s", vms[0].memory_mib)]
+    comments = [line for line in text.splitlines() if line.startswith("# class ")]
+    m, large = vms[1], vms[2]
+    assert comments[0].startswith(
+        f"# class m: the VM of {m.memory_mib} MiB ({m.vcpus} vCPU) failed: SIGBUS: the VMM died of signal 7 (exit -7): "
+        f"the guest touched memory its file in {memory_dir} could not get: a filesystem of {tmpfs_mib} MiB"), comments
+    assert "size it with `kata-sizing render --node-capacity`" in comments[0]
+    assert comments[1] == (
+        f"# class l: the VM of {large.memory_mib} MiB ({large.vcpus} vCPU) failed: OOM-killed: the kernel killed 1 process(es) "
+        f"of its memory cgroup (oom_kill 1); the VM of {large.memory_mib} MiB needs about {large.memory_mib + 128} MiB with its "
+        f"VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of {hierarchy.name(parent)}, "
+        f"{comments[1].rsplit(', ', 1)[1]}"), comments
+    assert comments[1].endswith(" MiB in use)")
+    assert text.splitlines()[-1] == "# 1 of 3 VM(s) measured; 2 failed (the lines above say why)."
+    # Nothing left: no QEMU, no VM cgroup, no memory file (none beside the directory either).
+    assert _qemu_pids(memory_dir) == [] and leftovers == []
+    assert left_in_tmpfs == ["shm,share=off"]
+    print(f"three VMs of {[vm.memory_mib for vm in vms]} MiB under TCG: {stderr}")
+
+
+END_POINT = ProbePoint("m", Decimal(1), 192, Vm(2, 350))
+SHM_GUIDANCE = (" A memory directory (/dev/shm on a Kata node) too small for the VMs on it kills them this way: size it "
+                "with `kata-sizing render --node-capacity` (docs/probe.md)")
+LIMIT = CgroupLevel("/kubepods/pod1", 300 * MIB, 40 * MIB, 0, "memory.limit_in_bytes", 3)
+
+
+@pytest.mark.parametrize("end, problem, said", [
+    (VmEnd(-9, oom_kills=1, limit=LIMIT), None,
+     "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the VM of 350 MiB needs about 478 "
+     "MiB with its VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
+    (VmEnd(-9, oom_kills=1), None, "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the "
+     "VM of 350 MiB needs about 478 MiB with its VMM, no cgroup limit over it: the host itself ran out"),
+    (VmEnd(-9, oom_kills=None, limit=LIMIT, limit_hits=2), None,
+     "killed by SIGKILL after the memory limit over it was hit 2 time(s): most likely the OOM killer (this kernel keeps "
+     "no OOM kill count); the VM of 350 MiB needs about 478 MiB with its VMM, the limit is 300 MiB "
+     "(memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
+    (VmEnd(-9, oom_kills=0, limit=LIMIT, limit_hits=2), "the guest's workload never finished",
+     "the VMM was killed by SIGKILL (the guest's workload never finished)"),
+    (VmEnd(-7, memory_dir_size_bytes=512 * MIB, memory_dir_free_bytes=3 * MIB), None,
+     "SIGBUS: the VMM died of signal 7 (exit -7): the guest touched memory its file in /dev/shm could not get: a "
+     "filesystem of 512 MiB, 3 MiB free after the VM; the VM needs 350 MiB there." + SHM_GUIDANCE),
+    (VmEnd(135), None, "SIGBUS: the VMM died of signal 7 (exit 135): the guest touched memory its file in /dev/shm "
+     "could not get; the VM needs 350 MiB there." + SHM_GUIDANCE),
+    (VmEnd(None, timed_out=True, seconds=300.2), "the guest's workload never finished",
+     "timed out after 300 s (the guest's workload never finished)"),
+    (VmEnd(None, stopped_because="the guest wrote more than 256 MiB on its console vm0.console"), None,
+     "stopped: the guest wrote more than 256 MiB on its console vm0.console"),
+    (VmEnd(1, stderr_line="qemu: could not load kernel '/k'"), "the guest never reported (no init output on its consoles)",
+     "the VMM exited with 1: qemu: could not load kernel '/k'"),
+    (VmEnd(0), "the guest's report is malformed: x", "the guest's report is malformed: x"),
+    (VmEnd(0), None, None),
+])
+def test_what_ended_a_vm_is_named(end, problem, said):
+    assert failure(END_POINT, "/dev/shm", end, problem) == said
+
+
+def test_a_vm_is_held_to_the_host_s_available_memory_the_memory_dir_and_the_limits_over_the_probe():
+    room = HostRoom(400 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
+    assert fit_problem(END_POINT, room) == ("class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than "
+                                            "the host's MemAvailable 400 MiB (/proc/meminfo)")
+    room = HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
+    assert fit_problem(END_POINT, room) == (
+        "class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than the memory limit over the probe "
+        "leaves: 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)")
+    assert fit_problem(END_POINT, HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB)) is None
+    # Not read is no limit: the probe says what it could not read, and boots.
+    assert fit_problem(END_POINT, HostRoom(None, "/dev/shm", None, None)) is None

@@ -1,30 +1,44 @@
 """Booting the probe's VMs on this host (`kata-sizing probe`, docs/probe.md): the node's VMM as a
 subprocess in a memory cgroup of its own, its consoles read for the init's report, and its figures
-on the host (peak resident memory, the cgroup's peak charge). What to boot and how to read what it
-says is core/probe.py; this module only runs it. Every VM it starts is stopped when it returns,
-whatever happens (a timeout, an error, Ctrl-C).
+on the host (peak resident memory, the cgroup's peak charge, its OOM kills). What to boot, how to
+read what it says and how to name what went wrong is core/ (probe.py, probehost.py); this module
+only runs it and reads the kernel's files.
+
+Every process of a VM lives in the VM's cgroup (the VMM and whatever it starts; `RunningVm.start`
+adds more, such as a virtiofsd): stopping a VM kills every process of that cgroup (v2
+`cgroup.kill`, v1 each pid until none is left) and removes the cgroup, whatever happens (a timeout,
+an error, Ctrl-C). The VMM's output is drained as it comes and the consoles are read in bounded
+chunks, so neither a chatty VMM nor a flooding guest blocks or grows the probe.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import selectors
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import IO
 
 from .core.probe import (
+    HVC_SUFFIX,
+    ConsoleReader,
     GuestReport,
     HostFigures,
     ProbeError,
     VmmPaths,
     kernel_command_line,
-    parse_console,
+    quoted,
     vm_command,
 )
+from .core.probehost import CgroupLevel, HostRoom, VmEnd, keyed_counts, limit_bytes, own_cgroup, tightest_limit
+from .core.quantity import MIB
 from .core.sizing import Vm
 
 # Where the image (and a package install) carries the init; `make` builds .tools/probe-init.
@@ -34,7 +48,19 @@ INIT_LOCATIONS = (Path(sys.prefix) / "lib" / "kata-sizing" / "probe-init", Path(
 # is not running (seen on hosts without nested virtualization: KVM_CREATE_VM works, the guest hangs).
 KVM_CHECK_S = 10.0
 POLL_S = 0.1
+# Where the cgroup filesystems are mounted: the v2 (unified) hierarchy, or v1's with the memory
+# controller at memory/. A parameter everywhere it is read (tests lay out a v2 tree elsewhere).
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC = Path("/proc")
+# Bounds on what the probe holds of a VM's output: each of the VMM's stdout and stderr keeps its
+# first line and a tail of this many bytes; a console is read this much at a time, and a guest that
+# writes more than MAX_CONSOLE_BYTES on one (on the probe's disk) is stopped.
+TAIL_BYTES = 16 * 1024
+READ_CHUNK = 1024 * 1024
+MAX_READ_PER_POLL = 64 * 1024 * 1024
+MAX_CONSOLE_BYTES = 256 * 1024 * 1024
+# How long stopping a VM may take: its processes killed, each waited for.
+KILL_S = 10.0
 
 
 def find_init(explicit: str | None) -> Path:
@@ -55,70 +81,361 @@ def check_paths(paths: VmmPaths) -> None:
         raise ProbeError(f"the guest kernel {paths.kernel} (from {paths.source}) is not a file")
 
 
-@dataclass(frozen=True)
-class BootResult:
-    console: str
-    exit_code: int | None  # None: stopped by us (a timeout); negative: killed by that signal
-    report: GuestReport
-    host: HostFigures
-    seconds: float
+# --- cgroups ---------------------------------------------------------------------------------------
+
+
+class CgroupFiles:
+    """The kernel's cgroup filesystem as the probe uses it: reads, writes, mkdir and rmdir. The
+    tests put a model of cgroup v2's rules in its place (this host mounts v1 only)."""
+
+    def read(self, path: Path) -> str:
+        return path.read_text()
+
+    def write(self, path: Path, text: str) -> None:
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    def mkdir(self, path: Path) -> None:
+        path.mkdir()
+
+    def rmdir(self, path: Path) -> None:
+        path.rmdir()
+
+
+def _pid_alive(pid: int) -> bool:
+    """A process that still runs: a zombie (dead, not yet reaped) does not."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+@dataclass
+class CgroupHierarchy:
+    """Where this process's memory cgroup is: the hierarchy's mount (v2: the unified one; v1: the
+    memory controller's) and its own cgroup's directory in it."""
+
+    mount: Path
+    v2: bool
+    own: Path
+    files: CgroupFiles = field(default_factory=CgroupFiles)
+
+    @classmethod
+    def find(cls, root: Path = CGROUP_ROOT, proc_self_cgroup: Path = PROC / "self" / "cgroup",
+             files: CgroupFiles | None = None) -> tuple[CgroupHierarchy | None, str | None]:
+        """(the hierarchy, None) or (None, why there is none)."""
+        v2 = (root / "cgroup.controllers").is_file()
+        mount = root if v2 else root / "memory"
+        try:
+            where = own_cgroup(proc_self_cgroup.read_text(), v2)
+        except OSError as exc:
+            return None, f"cannot read {proc_self_cgroup}: {exc.strerror}"
+        if where is None:
+            return None, f"{proc_self_cgroup} names no {'cgroup v2' if v2 else 'memory'} cgroup"
+        own = mount / where.lstrip("/")
+        if not own.is_dir():
+            return None, f"this process's memory cgroup {own} is not a directory (another cgroup namespace?)"
+        return cls(mount, v2, own, files or CgroupFiles()), None
+
+    def name(self, path: Path) -> str:
+        return "/" + str(path.relative_to(self.mount)).removeprefix(".")
+
+    def text(self, path: Path) -> str | None:
+        """A cgroup file's text; None when it cannot be read (absent: the kernel does not offer it)."""
+        try:
+            return self.files.read(path)
+        except OSError:
+            return None
+
+    def level(self, path: Path) -> CgroupLevel | None:
+        """The memory limit of one cgroup and what it holds (None: it has no memory files, as a
+        v2 cgroup whose parent does not enable the controller, or the root)."""
+        limit_file, usage_file, inactive_key = (
+            ("memory.max", "memory.current", "inactive_file") if self.v2
+            else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+        limit_text, usage_text = self.text(path / limit_file), self.text(path / usage_file)
+        if limit_text is None or usage_text is None or not usage_text.strip().isdigit():
+            return None
+        inactive = keyed_counts(self.text(path / "memory.stat") or "").get(inactive_key, 0)
+        if self.v2:
+            hits = keyed_counts(self.text(path / "memory.events") or "").get("max")
+        else:
+            failcnt = (self.text(path / "memory.failcnt") or "").strip()
+            hits = int(failcnt) if failcnt.isdigit() else None
+        return CgroupLevel(self.name(path), limit_bytes(limit_text), int(usage_text.strip()), inactive, limit_file,
+                           hits)
+
+    def levels(self, start: Path | None = None) -> list[CgroupLevel]:
+        """Every memory cgroup whose limit applies to `start` (default: this process's own), from
+        it up to the hierarchy's root. The kernel charges each page to every level up (v2 always;
+        v1 while the parent's memory.use_hierarchy is 1, the only value recent kernels allow)."""
+        found = []
+        path = start or self.own
+        while True:
+            level = self.level(path)
+            if level is not None:
+                found.append(level)
+            if path == self.mount or self.mount not in path.parents:
+                return found
+            parent = path.parent
+            if not self.v2 and (self.text(parent / "memory.use_hierarchy") or "1").strip() == "0":
+                return found
+            path = parent
 
 
 class MemoryCgroup:
-    """A memory cgroup of its own for one VMM (cgroup v1 or v2), below this process's, so its peak
-    charge is the VMM's alone: the guest's pages in the memory file are charged to the VMM, which
-    touches them first, as on a Kata node with sandbox_cgroup_only."""
+    """One VM's cgroup: every process of the VM joins it before it runs, so it is charged here
+    from its first page (the guest's pages in the memory file are charged to the VMM, which
+    touches them first, as on a Kata node with sandbox_cgroup_only), and found here to be killed."""
 
-    def __init__(self, path: Path, v2: bool) -> None:
-        self.path, self.v2 = path, v2
+    def __init__(self, path: Path, hierarchy: CgroupHierarchy) -> None:
+        self.path, self.hierarchy = path, hierarchy
+        self.files = hierarchy.files
+        self.killed: set[int] = set()
 
-    @classmethod
-    def create(cls, name: str) -> tuple[MemoryCgroup | None, str | None]:
-        v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
-        try:
-            lines = Path("/proc/self/cgroup").read_text().splitlines()
-        except OSError as exc:
-            return None, f"cannot read /proc/self/cgroup: {exc}"
-        own = None
-        for line in lines:
-            _, controllers, where = line.split(":", 2)
-            if (v2 and controllers == "") or (not v2 and "memory" in controllers.split(",")):
-                own = where
-        if own is None:
-            return None, "no memory cgroup controller"
-        base = (CGROUP_ROOT if v2 else CGROUP_ROOT / "memory") / own.lstrip("/")
-        path = base / name
-        try:
-            path.mkdir()
-        except OSError as exc:
-            return None, f"cannot create a cgroup under {base}: {exc.strerror}"
-        return cls(path, v2), None
+    def _text(self, name: str) -> str | None:
+        return self.hierarchy.text(self.path / name)
 
     def join(self) -> None:
-        """Run in the VMM's process before it executes: it is charged here from its first page."""
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        """Run in a process of the VM before it executes (Popen's preexec_fn)."""
+        self.files.write(self.path / "cgroup.procs", str(os.getpid()))
+
+    def pids(self) -> list[int]:
+        return [int(word) for word in (self._text("cgroup.procs") or "").split() if word.isdigit()]
+
+    def live_pids(self) -> list[int]:
+        return [pid for pid in self.pids() if _pid_alive(pid)]
+
+    def usage_bytes(self) -> int | None:
+        text = self._text("memory.current" if self.hierarchy.v2 else "memory.usage_in_bytes")
+        return int(text) if text and text.strip().isdigit() else None
 
     def peak_bytes(self) -> int | None:
-        name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
-        try:
-            return int((self.path / name).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        """The kernel's own peak: v2 memory.peak (Linux 5.19 and later), v1 memory.max_usage_in_bytes."""
+        text = self._text("memory.peak" if self.hierarchy.v2 else "memory.max_usage_in_bytes")
+        return int(text) if text and text.strip().isdigit() else None
 
-    def remove(self) -> None:
+    def oom_kills(self) -> int | None:
+        """Processes of this cgroup the OOM killer killed: v2 memory.events (this cgroup and those
+        below), v1 memory.oom_control (Linux 4.13 and later); None: the kernel does not say."""
+        text = self._text("memory.events" if self.hierarchy.v2 else "memory.oom_control")
+        return None if text is None else keyed_counts(text).get("oom_kill")
+
+    def kill_all(self, timeout_s: float = KILL_S) -> list[int]:
+        """Kill every process of the cgroup, those started since included (a daemon that forked
+        away from the VMM, a wrapper's child): v2's cgroup.kill where the kernel has it (5.14),
+        and SIGKILL to each pid listed until none is left (each one in `killed`, for its reaper).
+        The pids still alive at the timeout."""
+        if self.hierarchy.v2 and (self.path / "cgroup.kill").exists():
+            try:
+                self.files.write(self.path / "cgroup.kill", "1")
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = self.live_pids()
+            if not alive or time.monotonic() > deadline:
+                break
+            for pid in alive:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+        return alive
+
+    def remove(self) -> str | None:
+        """rmdir the cgroup (the kernel refuses while a process is in it); why not, or None."""
         for _ in range(50):
             try:
-                self.path.rmdir()
-                return
+                self.files.rmdir(self.path)
+                return None
             except FileNotFoundError:
-                return
-            except OSError:
+                return None
+            except OSError as exc:
+                problem = exc.strerror
                 time.sleep(POLL_S)
+        return f"the VM's cgroup {self.path} could not be removed: {problem}"
+
+
+class VmCgroups:
+    """Where the VMs' cgroups go: below the probe's own memory cgroup, so every limit over the probe
+    (a Job's) applies to them. On cgroup v2 the memory controller must be enabled in the parent's
+    cgroup.subtree_control for a child to have memory files, and the kernel refuses that while the
+    parent holds processes (the no-internal-process rule): the probe then moves itself into a leaf
+    of its own first. Everything changed is put back on exit."""
+
+    def __init__(self, hierarchy: CgroupHierarchy | None, why: str | None = None) -> None:
+        self.hierarchy = hierarchy
+        self.notes: list[str] = [why] if why else []
+        self._can_create = hierarchy is not None
+        self._enabled = False
+        self._leaf: Path | None = None
+
+    @classmethod
+    def here(cls, root: Path = CGROUP_ROOT) -> VmCgroups:
+        hierarchy, why = CgroupHierarchy.find(root)
+        return cls(hierarchy, None if hierarchy else f"no VM cgroups ({why}): the rows' cgroup peak stays empty")
+
+    def __enter__(self) -> VmCgroups:
+        hierarchy = self.hierarchy
+        if hierarchy is None or not hierarchy.v2:
+            return self
+        files, own = hierarchy.files, hierarchy.own
+        read = lambda name: (hierarchy.text(own / name) or "").split()  # noqa: E731
+        if "memory" in read("cgroup.subtree_control"):
+            return self
+        if "memory" not in read("cgroup.controllers"):
+            self.notes.append(f"the memory controller is not delegated to {hierarchy.name(own)} (not in its "
+                              "cgroup.controllers): the VMs' cgroups have no memory files, the rows' cgroup peak "
+                              "stays empty")
+            return self
+        try:
+            files.write(own / "cgroup.subtree_control", "+memory")
+            self._enabled = True
+            return self
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                self.notes.append(f"cannot enable +memory in {hierarchy.name(own)}/cgroup.subtree_control: "
+                                  f"{exc.strerror}; the rows' cgroup peak stays empty")
+                return self
+        # EBUSY: processes in our own cgroup; we are one of them.
+        leaf = own / f"kata-sizing-probe-{os.getpid()}"
+        try:
+            files.mkdir(leaf)
+            files.write(leaf / "cgroup.procs", str(os.getpid()))
+            self._leaf = leaf
+            files.write(own / "cgroup.subtree_control", "+memory")
+            self._enabled = True
+        except OSError as exc:
+            self.notes.append(f"cannot enable +memory in {hierarchy.name(own)}/cgroup.subtree_control ({exc.strerror}: "
+                              "other processes share the probe's cgroup, and cgroup v2 keeps processes out of a "
+                              "cgroup that enables controllers for its children); the rows' cgroup peak stays empty")
+            self._restore()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        hierarchy = self.hierarchy
+        if hierarchy is None:
+            return
+        files, own = hierarchy.files, hierarchy.own
+        if self._enabled:
+            try:
+                files.write(own / "cgroup.subtree_control", "-memory")
+            except OSError:
+                pass
+            self._enabled = False
+        if self._leaf is not None:
+            try:
+                files.write(own / "cgroup.procs", str(os.getpid()))
+                files.rmdir(self._leaf)
+            except OSError as exc:
+                self.notes.append(f"could not leave the probe's own leaf cgroup {self._leaf}: {exc.strerror}")
+            self._leaf = None
+
+    def create(self, name: str) -> MemoryCgroup | None:
+        """A VM's cgroup below the probe's (one a crashed probe of the same pid left, empty, is
+        removed first); None, and a note, where none can be made."""
+        if self.hierarchy is None or not self._can_create:
+            return None
+        path, files = self.hierarchy.own / name, self.hierarchy.files
+        try:
+            try:
+                files.mkdir(path)
+            except FileExistsError:
+                files.rmdir(path)
+                files.mkdir(path)
+        except OSError as exc:
+            self.notes.append(f"cannot create a cgroup under {self.hierarchy.own}: {exc.strerror}; the rows' cgroup "
+                              "peak stays empty, and processes a VMM leaves may outlive it")
+            self._can_create = False
+            return None
+        return MemoryCgroup(path, self.hierarchy)
+
+    def levels_over(self, cgroup: MemoryCgroup | None) -> list[CgroupLevel]:
+        if self.hierarchy is None:
+            return []
+        return self.hierarchy.levels(cgroup.path if cgroup is not None else None)
+
+
+# --- the host's room --------------------------------------------------------------------------------
+
+
+def mem_available_bytes(meminfo: Path = PROC / "meminfo") -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_dir_space(memory_dir: str) -> tuple[int | None, int | None]:
+    """(free, size) of the filesystem holding the memory directory, bytes (statvfs: what an
+    unprivileged writer may still use)."""
+    try:
+        stats = os.statvfs(memory_dir)
+    except OSError:
+        return None, None
+    return stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+
+
+def host_room(memory_dir: str, cgroups: VmCgroups, meminfo: Path = PROC / "meminfo") -> HostRoom:
+    free, size = memory_dir_space(memory_dir)
+    return HostRoom(mem_available_bytes(meminfo), memory_dir, free, size, tuple(cgroups.levels_over(None)),
+                    tuple(cgroups.notes), os.cpu_count())
+
+
+# --- a VM ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BootResult:
+    report: GuestReport
+    host: HostFigures
+    end: VmEnd
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.end.exit_code
+
+
+class _Output:
+    """One of a process's pipes, read as it comes: its first 4 KiB (for its first line) and a
+    bounded tail."""
+
+    HEAD_BYTES = 4096
+
+    def __init__(self) -> None:
+        self._head = b""
+        self.tail = b""
+
+    def add(self, data: bytes) -> None:
+        if len(self._head) < self.HEAD_BYTES:
+            self._head += data[:self.HEAD_BYTES - len(self._head)]
+        self.tail = (self.tail[-TAIL_BYTES:] + data[-TAIL_BYTES:])[-TAIL_BYTES:]
+
+    @property
+    def first_line(self) -> str | None:
+        line = next((line for line in self._head.split(b"\n") if line.strip()), None)
+        return None if line is None else line.decode(errors="replace").strip()
+
+    @property
+    def last_line(self) -> str | None:
+        line = next((line for line in reversed(self.tail.split(b"\n")) if line.strip()), None)
+        return None if line is None else line.decode(errors="replace").strip()
 
 
 def _peak_resident_bytes(pid: int) -> int | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -126,143 +443,291 @@ def _peak_resident_bytes(pid: int) -> int | None:
     return None
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 class RunningVm:
-    """One VM being run: started in its own memory cgroup, its consoles read on demand, stopped
-    (and its cgroup removed) by `stop()`, which every path out of a `with` block calls."""
+    """One VM being run: started in its own memory cgroup, its pipes drained and consoles read as
+    they grow (`poll`), stopped (every process of its cgroup killed, the cgroup removed) by `stop()`,
+    which every path out of a `with` block calls."""
 
     def __init__(self, paths: VmmPaths, vm: Vm, *, accelerator: str, initramfs_path: Path, memory_dir: str,
-                 workdir: Path, command_line: str, name: str = "vm") -> None:
-        self.paths, self.vm, self.name = paths, vm, name
+                 workdir: Path, command_line: str, name: str = "vm", cgroups: VmCgroups | None = None) -> None:
+        self.paths, self.vm, self.name, self.memory_dir = paths, vm, name, memory_dir
         self.console = workdir / f"{name}.console"
-        for stale in (self.console, Path(f"{self.console}.hvc")):
+        self.consoles = [self.console, Path(f"{self.console}{HVC_SUFFIX}")]
+        for stale in self.consoles:
             stale.unlink(missing_ok=True)
         self.command = vm_command(paths, vm, accelerator=accelerator, memory_dir=memory_dir,
                                   initramfs_path=str(initramfs_path), command_line=command_line,
                                   console_path=str(self.console))
+        self.cgroups = cgroups
         self.cgroup: MemoryCgroup | None = None
-        self.process: subprocess.Popen | None = None
+        self.processes: list[subprocess.Popen] = []
+        self.reader = ConsoleReader()
+        self._offsets = {path: 0 for path in self.consoles}
+        self._selector = selectors.DefaultSelector()
+        self._outputs: dict[int, _Output] = {}
+        self.stderr = _Output()
         self.started = 0.0
         self.peak_resident: int | None = None
-        self.cgroup_peak: int | None = None
+        self.polled_peak: int | None = None
         self.stopped_by_us = False
-        self.stderr = ""
+        self.stopped_because: str | None = None
+        self.timed_out = False
+        self.result_: BootResult | None = None
+        self._hits_before: dict[str, int | None] = {}
+
+    # -- starting
 
     def __enter__(self) -> RunningVm:
-        self.cgroup, _ = MemoryCgroup.create(f"kata-sizing-probe-{os.getpid()}-{self.name}")
+        if self.cgroups is None:
+            self.cgroups = VmCgroups.here()
+        self.cgroup = self.cgroups.create(f"kata-sizing-probe-{os.getpid()}-{self.name}")
+        self._hits_before = {level.path: level.limit_hits for level in self.cgroups.levels_over(self.cgroup)}
         self.started = time.monotonic()
         try:
-            self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE,
-                                            preexec_fn=self.cgroup.join if self.cgroup else None)
-        except OSError as exc:
-            self._release()
-            raise ProbeError(f"the VMM {self.paths.vmm} did not start: {exc.strerror}") from None
+            self.start(self.command, stderr=self.stderr)
+        except ProbeError:
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def text(self) -> str:
-        return _read(self.console) + _read(Path(f"{self.console}.hvc"))
+    def start(self, argv: list[str], stderr: _Output | None = None) -> subprocess.Popen:
+        """Start a process of this VM (the VMM first; a virtiofsd beside it): in the VM's cgroup
+        before it runs, in a session of its own, its output drained."""
+        cgroup = self.cgroup
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       start_new_session=True, preexec_fn=cgroup.join if cgroup else None)
+        except OSError as exc:
+            raise ProbeError(f"{argv[0]} did not start: {exc.strerror}") from None
+        except subprocess.SubprocessError as exc:  # the join in the child failed
+            raise ProbeError(f"{argv[0]} did not start: {exc}") from None
+        self.processes.append(process)
+        for pipe, output in ((process.stdout, _Output()), (process.stderr, stderr or _Output())):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            self._selector.register(pipe, selectors.EVENT_READ)
+            self._outputs[pipe.fileno()] = output
+        return process
+
+    # -- watching
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Drain the processes' pipes (waiting up to `wait_s` for them), read what the consoles
+        added, and sample the VM's memory."""
+        if self._outputs:
+            for key, _ in self._selector.select(wait_s):
+                self._drain(key.fileobj)  # type: ignore[arg-type]
+        elif wait_s:
+            time.sleep(wait_s)
+        self._read_consoles()
+        if self.cgroup is not None:
+            usage = self.cgroup.usage_bytes()
+            if usage is not None:
+                self.polled_peak = max(usage, self.polled_peak or 0)
+        pids = self.cgroup.pids() if self.cgroup is not None else [p.pid for p in self.processes if p.poll() is None]
+        for pid in pids:
+            resident = _peak_resident_bytes(pid)
+            if resident is not None:
+                self.peak_resident = max(resident, self.peak_resident or 0)
+
+    def _drain(self, pipe: IO[bytes]) -> None:
+        fd = pipe.fileno()
+        try:
+            while True:
+                data = os.read(fd, READ_CHUNK)
+                if not data:
+                    self._selector.unregister(pipe)
+                    pipe.close()
+                    del self._outputs[fd]
+                    return
+                self._outputs[fd].add(data)
+        except BlockingIOError:
+            return
+
+    def _read_consoles(self) -> None:
+        for path in self.consoles:
+            offset = self._offsets[path]
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    read = 0
+                    while read < MAX_READ_PER_POLL:
+                        data = handle.read(READ_CHUNK)
+                        if not data:
+                            break
+                        self.reader.feed(data, path.name)
+                        read += len(data)
+                    offset += read
+            except FileNotFoundError:
+                continue
+            self._offsets[path] = offset
+            if offset > MAX_CONSOLE_BYTES and self.stopped_because is None:
+                self.stopped_because = (f"the guest wrote more than {MAX_CONSOLE_BYTES // MIB} MiB on its console "
+                                        f"{path.name}")
 
     def report(self) -> GuestReport:
-        return parse_console(self.text())
+        return self.reader.report()
 
     def running(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.peak_resident = _peak_resident_bytes(self.process.pid) or self.peak_resident
-            return True
-        return False
+        return bool(self.processes) and self.processes[0].poll() is None
 
-    def wait(self, timeout_s: float, until: Callable[[GuestReport], bool] | None = None) -> bool:
-        """Until the VM stops (True) or `until` holds (True), or the timeout (False)."""
+    def wait(self, timeout_s: float, until: Callable[[GuestReport], bool] | None = None,
+             interrupted: Callable[[], bool] | None = None) -> bool:
+        """Until the VMM ends (True), `until` holds on the report (True), the probe is interrupted
+        or the guest floods its console (True: stopped_because or the caller says why), or the
+        timeout (False)."""
         while time.monotonic() - self.started < timeout_s:
-            if not self.running():
+            self.poll(POLL_S)
+            if not self.running() or self.stopped_because is not None:
                 return True
             if until is not None and until(self.report()):
                 return True
-            time.sleep(POLL_S)
+            if interrupted is not None and interrupted():
+                return True
+        self.timed_out = True
         return False
 
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.stopped_by_us = True
-            self.process.kill()
-        self.process.wait()
-        if self.process.stderr:
-            self.stderr = self.process.stderr.read().decode(errors="replace")
-            self.process.stderr.close()
-        self._release()
+    # -- stopping
 
-    def _release(self) -> None:
+    def stop(self) -> BootResult:
+        """Kill every process of the VM, read what is left of its output and its cgroup's figures,
+        remove its cgroup. Idempotent."""
+        if self.result_ is not None:
+            return self.result_
+        notes = []
+        main = self.processes[0] if self.processes else None
+        if main is not None and main.poll() is None:
+            self.stopped_by_us = True
+        if main is not None:
+            self.poll()
         if self.cgroup is not None:
-            self.cgroup_peak = self.cgroup.peak_bytes()
-            self.cgroup.remove()
+            left = self.cgroup.kill_all()
+            if left:
+                notes.append(f"processes {', '.join(map(str, left))} of the VM's cgroup would not die")
+        else:  # no cgroup to find them by: the sessions the processes were started in
+            for process in self.processes:
+                if process.poll() is None:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        for process in self.processes:
+            try:
+                process.wait(KILL_S)
+            except subprocess.TimeoutExpired:
+                notes.append(f"process {process.pid} of the VM did not end within {KILL_S:g} s of SIGKILL")
+        own = {process.pid for process in self.processes}
+        for pid in (self.cgroup.killed - own) if self.cgroup is not None else ():
+            try:  # orphans the probe reaps when it is PID 1 (a Job's container)
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        self.poll()
+        for pipe in [key.fileobj for key in self._selector.get_map().values()]:
+            self._selector.unregister(pipe)
+            pipe.close()  # type: ignore[union-attr]
+        self._selector.close()
+        self._outputs.clear()
+        for path in self.consoles:
+            self.reader.end(path.name)
+        peak = oom = hits = None
+        limit = None
+        if self.cgroup is not None:
+            peak, oom = self.cgroup.peak_bytes(), self.cgroup.oom_kills()
+            if peak is None and self.polled_peak is not None:
+                peak = self.polled_peak
+                notes.append("the cgroup's peak was polled every 0.1 s (the kernel has no memory.peak before Linux "
+                             "5.19): a lower bound")
+            assert self.cgroups is not None
+            limit = tightest_limit(self.cgroups.levels_over(self.cgroup))
+            before = self._hits_before.get(limit.path) if limit is not None else None
+            if limit is not None and limit.limit_hits is not None and before is not None:
+                hits = limit.limit_hits - before
+            problem = self.cgroup.remove()
+            if problem:
+                notes.append(problem)
             self.cgroup = None
+        free, size = memory_dir_space(self.memory_dir)
+        exit_code = None if main is None or self.stopped_by_us else main.returncode
+        first, last = self.stderr.first_line, self.stderr.last_line
+        if exit_code not in (0, None) and last and last != first:
+            notes.append(f"the VMM's stderr ended with: {quoted(last)}")
+        end = VmEnd(exit_code, timed_out=self.timed_out, seconds=time.monotonic() - self.started, oom_kills=oom,
+                    limit=limit, memory_dir_free_bytes=free, memory_dir_size_bytes=size,
+                    stderr_line=quoted(first) if first else None, stopped_because=self.stopped_because,
+                    limit_hits=hits)
+        self.result_ = BootResult(self.reader.report(), HostFigures(self.peak_resident, peak), end, tuple(notes))
+        return self.result_
 
     @property
     def exit_code(self) -> int | None:
         """None while running or when stopped by us; negative: killed by that signal (SIGBUS: -7)."""
-        if self.process is None or self.process.returncode is None or self.stopped_by_us:
+        main = self.processes[0] if self.processes else None
+        if main is None or main.poll() is None or self.stopped_by_us:
             return None
-        return self.process.returncode
-
-    def result(self) -> BootResult:
-        text = self.text()
-        if not self.stopped_by_us and self.exit_code not in (0, None) and "KSP hello" not in text:
-            first = next((line for line in self.stderr.splitlines() if line.strip()), f"exit {self.exit_code}")
-            raise ProbeError(f"the VMM {self.paths.vmm} failed: {first.strip()}")
-        return BootResult(text, self.exit_code, parse_console(text), HostFigures(self.peak_resident, self.cgroup_peak),
-                          time.monotonic() - self.started)
+        return main.returncode
 
 
 def boot(paths: VmmPaths, vm: Vm, *, accelerator: str, initramfs_path: Path, memory_dir: str, workdir: Path,
-         command_line: str, timeout_s: float, name: str = "vm",
-         until: Callable[[GuestReport], bool] | None = None) -> BootResult:
-    """Boot one VM and wait until it powers off (or `until` the report says so, or the timeout);
-    it is stopped in every case before this returns."""
+         command_line: str, timeout_s: float, name: str = "vm", cgroups: VmCgroups | None = None,
+         until: Callable[[GuestReport], bool] | None = None,
+         interrupted: Callable[[], bool] | None = None) -> BootResult:
+    """Boot one VM and wait until it powers off (or `until` the report says so, the probe is
+    interrupted, or the timeout); it is stopped in every case before this returns."""
     with RunningVm(paths, vm, accelerator=accelerator, initramfs_path=initramfs_path, memory_dir=memory_dir,
-                   workdir=workdir, command_line=command_line, name=name) as running:
-        running.wait(timeout_s, until)
-    return running.result()
+                   workdir=workdir, command_line=command_line, name=name, cgroups=cgroups) as running:
+        running.wait(timeout_s, until, interrupted)
+    return running.stop()
 
 
-def detect_accelerator(paths: VmmPaths, initramfs_path: Path, workdir: Path, memory_dir: str) -> tuple[str, str]:
-    """("kvm" | "tcg", why): KVM when /dev/kvm opens and a small guest under it reaches its init
-    within KVM_CHECK_S; TCG (QEMU's emulator) otherwise."""
+def kvm_problem() -> str | None:
+    """Why KVM cannot be used here without booting anything (/dev/kvm does not open), or None."""
     try:
         os.close(os.open("/dev/kvm", os.O_RDWR))
     except OSError as exc:
-        return "tcg", f"/dev/kvm cannot be opened ({exc.strerror})"
+        return f"/dev/kvm cannot be opened ({exc.strerror})"
+    return None
+
+
+def detect_accelerator(paths: VmmPaths, initramfs_path: Path, workdir: Path, memory_dir: str,
+                       cgroups: VmCgroups | None = None,
+                       interrupted: Callable[[], bool] | None = None) -> tuple[str, str]:
+    """("kvm" | "tcg", why): KVM when /dev/kvm opens and a small guest under it reaches its init
+    within KVM_CHECK_S; TCG (QEMU's emulator) otherwise."""
+    why_not = kvm_problem()
+    if why_not:
+        return "tcg", why_not
     result = boot(paths, Vm(1, 128), accelerator="kvm", initramfs_path=initramfs_path, memory_dir=memory_dir,
                   workdir=workdir, command_line=kernel_command_line(1), timeout_s=KVM_CHECK_S, name="kvm-check",
-                  until=lambda report: report.said_hello)
+                  cgroups=cgroups, until=lambda report: report.said_hello, interrupted=interrupted)
     if result.report.said_hello:
-        return "kvm", f"a KVM guest reached its init in {result.seconds:.1f} s"
+        return "kvm", f"a KVM guest reached its init in {result.end.seconds:.1f} s"
     return "tcg", (f"/dev/kvm opens but a KVM guest did not reach its init within {KVM_CHECK_S:.0f} s "
                    "(no nested virtualization?)")
 
 
-@contextmanager
-def stopped_on_signals() -> Iterator[None]:
-    """SIGTERM (a Job's pod deleted) unwinds like Ctrl-C, so every VM is stopped on the way out."""
-    import signal
+class StopRequest:
+    """SIGTERM (a Job's pod deleted) and SIGINT (Ctrl-C) ask the probe to stop: a flag the run
+    checks between polls, so a row is never cut in half and every VM is stopped on the way out."""
 
-    def interrupt(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002
+        self.signal = signum
+
+    def __enter__(self) -> StopRequest:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)  # type: ignore[arg-type]

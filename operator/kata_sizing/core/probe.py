@@ -13,11 +13,14 @@ and `calibrate` reads, with the guest's columns filled.
 
 from __future__ import annotations
 
+import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import PurePosixPath
 
+from .bounded import printable
 from .calibrate import Sample
 from .model import Runtime
 from .quantity import MIB
@@ -26,9 +29,14 @@ from .sizing import PolicySizing, SandboxRefused, Vm, explain_pod
 # What the init reports, and the protocol's version it says hello with (operator/probe-init).
 REPORT_PREFIX = "KSP "
 PROTOCOL_VERSION = "1"
+# The second console's file: the console's path with this added (vm_command).
+HVC_SUFFIX = ".hvc"
 # The workload allocates and touches this many MiB at a time: what it reports is a lower bound
 # of what it could have within one step.
 ALLOCATION_STEP_MIB = 4
+# At most this many VMs per class (`--points`): each is a boot (seconds to a minute under TCG, by
+# its size), and more sizes than this add nothing to a line fitted through them (docs/probe.md).
+MAX_POINTS_PER_CLASS = 10
 # Where kata-deploy installs (its chart's default), and where a shim's configuration lives under
 # it: the per-shim layout first (drop-ins in config.d/ beside it), then the flat one.
 KATA_ROOT = "/opt/kata"
@@ -56,8 +64,8 @@ def probe_points(sizing: PolicySizing, per_class: int = 3) -> list[ProbePoint]:
     A class's smallest pod has 2 MiB more memory than the class before serves (Kata rounds a
     limit up to an even MiB); the first class's, a quarter of its envelope (the default classes
     step by 4x)."""
-    if per_class < 1:
-        raise ProbeError(f"--points {per_class}: at least 1 VM per class")
+    if not 1 <= per_class <= MAX_POINTS_PER_CLASS:
+        raise ProbeError(f"--points {per_class}: at least 1 and at most {MAX_POINTS_PER_CLASS} VMs per class")
     points: list[ProbePoint] = []
     seen: set[tuple[int, int]] = set()
     previous_mib: int | None = None
@@ -78,6 +86,27 @@ def probe_points(sizing: PolicySizing, per_class: int = 3) -> list[ProbePoint]:
                 points.append(ProbePoint(sized.name, sized.envelope_cpu, limit_mib, explanation.vm))
         previous_mib = largest
     return points
+
+
+def select_points(points: Sequence[ProbePoint], class_names: Sequence[str], *, classes: Sequence[str] | None = None,
+                  max_vm_memory_mib: int | None = None) -> tuple[list[ProbePoint], list[tuple[ProbePoint, str]]]:
+    """The points a user asked for: only `classes` (None: all of `class_names`, the policy's), only
+    VMs of at most `max_vm_memory_mib`; (kept, [(left out, why)])."""
+    if classes is not None:
+        unknown = [name for name in classes if name not in class_names]
+        if unknown or not classes:
+            raise ProbeError(f"--classes: {', '.join(map(repr, unknown)) or 'no class'} is not a class of the policy "
+                             f"(its classes: {', '.join(class_names)})")
+    kept: list[ProbePoint] = []
+    left_out: list[tuple[ProbePoint, str]] = []
+    for point in points:
+        if classes is not None and point.class_name not in classes:
+            left_out.append((point, "its class is not in --classes"))
+        elif max_vm_memory_mib is not None and point.vm.memory_mib > max_vm_memory_mib:
+            left_out.append((point, f"above --max-vm-memory {max_vm_memory_mib} MiB"))
+        else:
+            kept.append(point)
+    return kept, left_out
 
 
 # --- the node's Kata configuration ------------------------------------------------------------
@@ -126,9 +155,41 @@ def vmm_paths(text: str, source: str, hypervisor: str) -> VmmPaths:
         value = section.get(key)
         if not isinstance(value, str) or not value:
             raise ProbeError(f"{source}: [hypervisor.{hypervisor}] {key} is not set")
+        problem = path_problem(value)
+        if problem:
+            raise ProbeError(f"{source}: [hypervisor.{hypervisor}] {key}: {problem}")
         found[key] = value
     guest = next((section[k] for k in ("initrd", "image") if isinstance(section.get(k), str) and section[k]), None)
+    if guest is not None and path_problem(guest):
+        guest = None  # reported only: a path that cannot be printed is not reported
     return VmmPaths(found["path"], found["kernel"], hypervisor, source, guest)
+
+
+# Linux's PATH_MAX: no path the kernel opens is longer.
+MAX_PATH_CHARS = 4096
+# What may not be in a path the probe passes on or prints: C0 and C1 control characters (a line
+# break would forge a line of the CSV or of a message), DEL, and Unicode's line separators.
+_UNPRINTABLE_PATH = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def path_problem(text: str) -> str | None:
+    """Why `text` is not a path the probe takes (empty, longer than PATH_MAX, a control character), or None."""
+    if not text:
+        return "is empty"
+    if len(text) > MAX_PATH_CHARS:
+        return f"{len(text)} characters is longer than {MAX_PATH_CHARS} (PATH_MAX)"
+    bad = _UNPRINTABLE_PATH.search(text)
+    if bad:
+        return f"{text[:60]!r} holds the control character {bad.group()!r} (a path with it could forge a line of output)"
+    return None
+
+
+def qemu_option_value(text: str) -> str:
+    """`text` as one value of QEMU's option grammar (`-object`, `-chardev`, `-device`, `-drive`:
+    key=value pairs split at commas): a comma doubled is a comma in the value (QEMU's
+    docs/system/invocation: "to use a comma in a value, double it"), so a path such as
+    `shm,share=off` stays a path and never becomes an option of its own."""
+    return text.replace(",", ",,")
 
 
 def vm_paths_problem(hypervisor: str) -> str | None:
@@ -156,15 +217,37 @@ def kernel_command_line(alloc_mib: int = 0, *, step_mib: int = ALLOCATION_STEP_M
     return " ".join(words)
 
 
+# Bounds on what the guest says (it is data, not trust): a console line is cut at MAX_LINE_BYTES
+# (the init's longest report is a few hundred bytes), text quoted from a guest or a VMM at
+# MAX_QUOTED_CHARS, at most MAX_REPORTED_PROBLEMS problems kept. A figure is a whole number
+# of ASCII digits, at most 19 of them (2^63 - 1): `²` is a digit to str.isdigit and not to int.
+MAX_LINE_BYTES = 4096
+MAX_QUOTED_CHARS = 200
+MAX_REPORTED_PROBLEMS = 5
+_FIGURE = re.compile(r"[0-9]{1,19}", re.ASCII)
+_PREFIX_BYTES = REPORT_PREFIX.encode()
+_OUTCOME = re.compile(r"[a-z0-9-]{1,32}", re.ASCII)
+# /proc/meminfo's figures free reads, each at most MemTotal.
+MEMINFO_PARTS = ("MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable", "Shmem")
+
+
+def quoted(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """Text from outside (a guest, a VMM's stderr) for one line of a message: at most `limit`
+    characters, what does not print as its escape (bounded.printable)."""
+    return printable(text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)")
+
+
 @dataclass(frozen=True)
 class GuestReport:
-    """What the init said. Sizes in KiB as /proc/meminfo gives them; None: not said."""
+    """What the init said. Sizes in KiB as /proc/meminfo gives them; None: not said. `errors` are
+    the init's own (`KSP error`), `malformed` the report lines that are not what the init writes."""
 
     meminfo: dict[str, int] = field(default_factory=dict)
     held_mib: int | None = None
     outcome: str | None = None
     errors: tuple[str, ...] = ()
     said_hello: bool = False
+    malformed: tuple[str, ...] = ()
 
     @property
     def free_total_mib(self) -> Decimal:
@@ -178,43 +261,119 @@ class GuestReport:
         return Decimal(max(used, 0)) / 1024
 
 
-def parse_console(text: str) -> GuestReport:
-    """The init's report from the console output (kernel messages and firmware noise between)."""
-    meminfo: dict[str, int] = {}
-    held = outcome = None
-    hello = False
-    errors = []
-    for raw in text.splitlines():
+class ConsoleReader:
+    """The init's report, read from the guest's consoles as they grow: bytes in, in chunks of any
+    size; only `KSP ` lines are kept (parsed), and of any line at most MAX_LINE_BYTES, so what the
+    reader holds is bounded whatever the guest prints. Every console carries the same report (the
+    init writes each line to each), so they feed one report; a line is split per console."""
+
+    def __init__(self) -> None:
+        self._partial: dict[str, bytearray] = {}
+        self._meminfo: dict[str, int] = {}
+        self._held: int | None = None
+        self._outcome: str | None = None
+        self._hello = False
+        self._errors: list[str] = []
+        self._malformed: list[str] = []
+
+    def feed(self, data: bytes, console: str = "") -> None:
+        partial = self._partial.setdefault(console, bytearray())
+        first = data.find(b"\n")
+        if first < 0:
+            partial += data[:max(0, MAX_LINE_BYTES - len(partial))]
+            return
+        partial += data[:min(first, max(0, MAX_LINE_BYTES - len(partial)))]
+        self._line(bytes(partial))
+        partial.clear()
+        # The whole lines after the first: only those holding a report are looked at (a guest
+        # printing 200 MiB of kernel messages costs a search, not a line each).
+        last = data.rfind(b"\n")
+        at = data.find(_PREFIX_BYTES, first + 1, last)
+        while at >= 0:
+            start = data.rfind(b"\n", 0, at) + 1
+            end = data.find(b"\n", at)
+            self._line(data[start:min(end, start + MAX_LINE_BYTES)])
+            at = data.find(_PREFIX_BYTES, end + 1, last)
+        partial += data[last + 1:last + 1 + MAX_LINE_BYTES]
+
+    def end(self, console: str = "") -> None:
+        """The console will say no more: its last line counts even without a line break."""
+        partial = self._partial.pop(console, None)
+        if partial:
+            self._line(bytes(partial))
+
+    def report(self) -> GuestReport:
+        return GuestReport(dict(self._meminfo), self._held, self._outcome, tuple(self._errors), self._hello,
+                           tuple(self._malformed))
+
+    def _problem(self, into: list[str], text: str) -> None:
+        text = quoted(text)
+        if text not in into and len(into) < MAX_REPORTED_PROBLEMS:
+            into.append(text)
+
+    def _figure(self, what: str, key: str, value: str) -> int | None:
+        if _FIGURE.fullmatch(value):
+            return int(value)
+        self._problem(self._malformed, f"{what} {key}={value[:40]!r} is not a whole number (ASCII digits, at most 19)")
+        return None
+
+    def _line(self, raw_bytes: bytes) -> None:
+        raw = raw_bytes.decode("utf-8", errors="replace")
         at = raw.find(REPORT_PREFIX)
         if at < 0:
-            continue
+            return
         words = raw[at + len(REPORT_PREFIX):].split()
         if not words:
-            continue
+            return
         what, pairs = words[0], dict(w.split("=", 1) for w in words[1:] if "=" in w)
         if what == "hello":
-            hello = True
+            self._hello = True
         elif what == "meminfo" and pairs.get("stage") == "boot":
-            meminfo = {k: int(v) for k, v in pairs.items() if k != "stage" and v.isdigit()}
-        elif what == "progress" and pairs.get("held", "").isdigit():
-            held = int(pairs["held"])
+            figures = {k: self._figure("meminfo", k, v) for k, v in pairs.items() if k != "stage"}
+            self._meminfo = {k: v for k, v in figures.items() if v is not None}
+        elif what == "progress" and self._outcome is None and "held" in pairs:
+            self._held = self._figure("progress", "held", pairs["held"])
         elif what == "done":
-            if pairs.get("held", "").isdigit():
-                held = int(pairs["held"])
-            outcome = pairs.get("outcome")
+            if "held" in pairs:
+                self._held = self._figure("done", "held", pairs["held"])
+            outcome = pairs.get("outcome", "")
+            if _OUTCOME.fullmatch(outcome):
+                self._outcome = outcome
+            else:
+                self._problem(self._malformed, f"done outcome={outcome[:40]!r} is not an outcome the init reports")
         elif what == "error":
-            errors.append(" ".join(words[1:]))
-    return GuestReport(meminfo, held, outcome, tuple(errors), hello)
+            self._problem(self._errors, " ".join(words[1:]))
 
 
-def report_problem(report: GuestReport) -> str | None:
-    """Why a report cannot give a row, or None."""
+def parse_console(text: str) -> GuestReport:
+    """The init's report from the console output (kernel messages and firmware noise between)."""
+    reader = ConsoleReader()
+    reader.feed(text.encode("utf-8", errors="replace"))
+    reader.end()
+    return reader.report()
+
+
+def report_problem(report: GuestReport, vm: Vm | None = None) -> str | None:
+    """Why a report cannot give a row, or None; with the VM it came from, a figure no guest of that
+    VM can report (MemTotal beyond the VM, a part beyond MemTotal, an allocation beyond the VM) is one."""
     if not report.said_hello:
         return "the guest never reported (no init output on its consoles)"
+    if report.malformed:
+        return "the guest's report is malformed: " + "; ".join(report.malformed)
     if report.errors:
         return "the guest's init failed: " + "; ".join(report.errors)
     if "MemTotal" not in report.meminfo or "MemFree" not in report.meminfo:
         return "the guest did not report its memory"
+    total_kib = report.meminfo["MemTotal"]
+    if vm is not None and total_kib > vm.memory_mib * 1024:
+        return (f"the guest reported MemTotal {total_kib} kB, more than its VM's {vm.memory_mib} MiB "
+                f"({vm.memory_mib * 1024} kB)")
+    beyond = [f"{part} {report.meminfo[part]} kB" for part in MEMINFO_PARTS
+              if report.meminfo.get(part, 0) > total_kib]
+    if beyond:
+        return f"the guest reported {', '.join(beyond)}, more than its MemTotal {total_kib} kB"
+    if vm is not None and report.held_mib is not None and report.held_mib > vm.memory_mib:
+        return f"the guest reported holding {report.held_mib} MiB, more than its VM's {vm.memory_mib} MiB"
     if report.outcome is None:
         return "the guest's workload never finished"
     return None
@@ -288,14 +447,18 @@ def vm_command(paths: VmmPaths, vm: Vm, *, accelerator: str, memory_dir: str, in
     """QEMU's command line for a VM as Kata's QEMU places its memory: a file-backed, shared
     memory backend in `memory_dir` (Kata's virtio-fs setup, on /dev/shm), one NUMA node. The
     guest's consoles go to `console_path` (ttyS0) and `console_path`.hvc (hvc0, virtio); without
-    one, ttyS0 goes to QEMU's standard output (a container's log)."""
+    one, ttyS0 goes to QEMU's standard output (a container's log). Every path given to QEMU's
+    option grammar is escaped (qemu_option_value)."""
     accel = "kvm" if accelerator == "kvm" else "tcg,tb-size=64"
+    value = qemu_option_value
     return [
         paths.vmm, "-accel", accel, "-machine", "q35", "-m", f"{vm.memory_mib}M", "-smp", str(vm.vcpus),
-        "-object", f"memory-backend-file,id=mem,size={vm.memory_mib}M,mem-path={memory_dir},share=on",
+        "-object", f"memory-backend-file,id=mem,size={vm.memory_mib}M,mem-path={value(memory_dir)},share=on",
         "-numa", "node,memdev=mem", "-nodefaults", "-nographic", "-no-reboot",
-        *(["-serial", f"file:{console_path}",
-            "-device", "virtio-serial-pci,id=ksp-serial", "-chardev", f"file,id=ksp-hvc,path={console_path}.hvc",
-            "-device", "virtconsole,chardev=ksp-hvc"] if console_path else ["-serial", "stdio"]),
+        *(["-chardev", f"file,id=ksp-ttys0,path={value(console_path)}", "-serial", "chardev:ksp-ttys0",
+           "-device", "virtio-serial-pci,id=ksp-serial",
+           "-chardev", f"file,id=ksp-hvc,path={value(console_path + HVC_SUFFIX)}",
+           "-device", "virtconsole,chardev=ksp-hvc"] if console_path else ["-serial", "stdio"]),
+        # -kernel, -initrd and -append take their whole argument as it is (no option grammar).
         "-kernel", paths.kernel, "-initrd", initramfs_path, "-append", command_line,
     ]

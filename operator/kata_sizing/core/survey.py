@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from .bounded import printable
 from .calibrate import HOST_COLUMNS, Sample
 from .kubegrammar import dns_label_problem, dns_subdomain_problem
 from .measure import KataPod, NodeReading, PodMeasurement, SummaryError, read_kata_pod, read_summary
@@ -202,14 +203,23 @@ def _row(measurement: PodMeasurement, node: str, class_name: str, sizing: Policy
 def to_csv(rows: Iterable[Sample], comments: Iterable[str] = (), columns: tuple[str, ...] = COLUMNS) -> str:
     """The rows as the CSV calibrate reads, `#` comment lines first (`kata-sizing probe` adds its
     columns, calibrate.PROBE_COLUMNS)."""
+    return "".join([*map(comment_line, comments), csv_line(columns), *(row_line(row, columns) for row in rows)])
+
+
+def comment_line(text: str) -> str:
+    """A `#` line of the CSV: whatever does not print (a line break, a control character) as its
+    escape, so no text a comment quotes can start a line of its own."""
+    return f"# {printable(text)}\n"
+
+
+def csv_line(cells: Iterable[str]) -> str:
     out = io.StringIO()
-    for comment in comments:
-        out.write(f"# {comment}\n")
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([_cell(row, column) for column in columns])
+    csv.writer(out, lineterminator="\n").writerow(list(cells))
     return out.getvalue()
+
+
+def row_line(row: Sample, columns: tuple[str, ...] = COLUMNS) -> str:
+    return csv_line(_cell(row, column) for column in columns)
 
 
 def _cell(row: Sample, column: str) -> str:
