@@ -36,7 +36,8 @@ KINDS = {
     "MutatingAdmissionPolicyBinding": f"{ADMISSION}/mutatingadmissionpolicybindings",
 }
 PODS = "/api/v1/namespaces/default/pods"
-SHARED = set(podfit.SHARED_NAMES.values())
+# The install's: the shared policies and the keep-alive binding of each.
+SHARED = set(podfit.SHARED_NAMES.values()) | set(podfit.KEEP_ALIVE_NAMES.values())
 
 
 def admission_objects(cp: ControlPlane, policy: str) -> dict[tuple[str, str], dict]:
@@ -46,7 +47,7 @@ def admission_objects(cp: ControlPlane, policy: str) -> dict[tuple[str, str], di
 
 
 def shared_objects(cp: ControlPlane) -> dict[tuple[str, str], dict]:
-    """The admission policies every policy binds."""
+    """The admission policies every policy binds, and their keep-alive bindings."""
     return {(kind, name): obj for kind, path in KINDS.items()
             for name, obj in cp.items(path, "katasizing.dev/shared=admission").items()}
 
@@ -117,8 +118,11 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     assert {k for k, _ in expected} == set(KINDS), sorted(expected)
     shared = shared_objects(cp)
     assert sorted(shared) == [("MutatingAdmissionPolicy", podfit.SHARED_NAMES["route"]),
+                              ("MutatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["route"]),
                               ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["envelope"]),
-                              ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["memory"])]
+                              ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["memory"]),
+                              ("ValidatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["envelope"]),
+                              ("ValidatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["memory"])]
     live = {**shared, **admission_objects(cp, "gate")}
     assert sorted(live) == sorted(expected)
     uid = cp.get(f"{POLICIES}/gate")["metadata"]["uid"]
@@ -333,7 +337,7 @@ def test_the_garbage_collector_removes_a_deleted_policys_bindings_and_parameters
     poll(lambda: admission_objects(cp, "first") == {} and cp.get(params_path("first")) is None, 60,
          lambda: f"left by the garbage collector: {sorted(admission_objects(cp, 'first'))}")
     # The shared admission policies stay: the other policy binds them.
-    assert len(shared_objects(cp)) == 3
+    assert len(shared_objects(cp)) == 6
 
     real_operator.stop()
     cp.kubectl("delete", "ksp", "second", "--timeout=30s")  # nothing holds it, operator or not
