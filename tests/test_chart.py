@@ -337,6 +337,33 @@ def test_the_webhook_is_called_only_for_spec_changes_where_the_server_can_say_so
             "webhooks"][0]["matchConditions"]
 
 
+@pytest.mark.parametrize("kube_version", ["1.27", "1.37"])
+def test_the_routing_webhook_is_called_only_for_pods_it_could_route(helm: str, kube_version: str) -> None:
+    """A pod that names its class never reaches the webhook where the server can say so (the
+    MutatingAdmissionPolicy's own match condition, one text); webhook.routeNamespaceSelector narrows
+    both webhooks to the policies' namespaces, on top of the opt-in label."""
+    from kata_sizing.core.podfit import shared_admission_specs
+
+    (mutating,) = [spec for _, kind, _, spec in shared_admission_specs() if kind == "MutatingAdmissionPolicy"]
+    selector = {"matchLabels": {"kata": "yes"}, "matchExpressions": [{"key": "tier", "operator": "NotIn",
+                                                                       "values": ["system"]}]}
+    values = ["--set-json", f"webhook.routeNamespaceSelector={json.dumps(selector)}"]
+    hooks = {h["name"]: h for h in one(template(helm, "--kube-version", kube_version, *EVERYTHING_ON, *values),
+                                       "MutatingWebhookConfiguration")["webhooks"]}
+    for hook in hooks.values():
+        if kube_version == "1.27":
+            assert "matchConditions" not in hook
+        else:
+            assert hook["matchConditions"] == mutating["matchConditions"]
+    assert hooks["route-pod.katasizing.dev"]["namespaceSelector"] == selector
+    assert hooks["route-namespace-pod.katasizing.dev"]["namespaceSelector"] == {
+        "matchLabels": {"kata": "yes"},
+        "matchExpressions": [{"key": "katasizing.dev/policy", "operator": "Exists"}, *selector["matchExpressions"]]}
+    # The default: every namespace (as overlays/webhook/).
+    default = {h["name"]: h for h in one(template(helm, *EVERYTHING_ON), "MutatingWebhookConfiguration")["webhooks"]}
+    assert "namespaceSelector" not in default["route-pod.katasizing.dev"]
+
+
 def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
     objects = template(helm, "--set", "webhook.enabled=true", "--set", "webhook.certManager.enabled=false",
                        "--set", "webhook.caBundle=Q0FCVU5ETEU=", "--set", "webhook.tlsSecretName=my-tls")

@@ -83,7 +83,7 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     **{("admissionregistration.k8s.io", kind): READ_WRITE for kind in (
         "validatingadmissionpolicies", "validatingadmissionpolicybindings",
         "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
-    ("", "namespaces"): ("get",),
+    ("", "namespaces"): ("get", "list", "watch"),
     # The measurement's Summaries, authorized by each kubelet (docs/measurement.md).
     ("", "nodes/stats"): ("get",),
 }

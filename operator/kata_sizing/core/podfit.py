@@ -27,7 +27,9 @@ Interface (used by the operator, the webhook, the CLI):
   would refuse to start: rule pod-sandbox-memory-zero, docs/rules.md).
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
-  applies (only runtimeClassName; see `route_patch`).
+  applies (only runtimeClassName; see `route_patch`), in the policy's namespaces (`in_scope`, the
+  one scope rule: the bindings' namespaceSelector is `namespace_selector`), for a pod that opted in
+  (`policies_opted_into`).
 - `shared_admission_specs(routing) -> [(apiVersion, kind, name, spec)]`: the shared VAPs and MAP,
   and the keep-alive binding of each;
   `binding_specs(sizing, params_name)`: a policy's bindings; `params_data(sizing)`: its
@@ -272,9 +274,15 @@ def namespace_selector(policy: KataSizingPolicy) -> LabelSelector:
     return selector
 
 
+def policies_opted_into(metadata: Mapping, namespace_labels: Mapping[str, str] | None = None) -> list[str]:
+    """The policies a pod asks to be routed by: its own label's, then its namespace's."""
+    asked = (mapping_or_empty(mapping_or_empty(metadata).get("labels")).get(POLICY_LABEL),
+             mapping_or_empty(namespace_labels).get(POLICY_LABEL))
+    return list(dict.fromkeys(name for name in asked if isinstance(name, str) and name))
+
+
 def opted_in(metadata: Mapping, policy_name: str, namespace_labels: Mapping[str, str] | None = None) -> bool:
-    labels = mapping_or_empty(mapping_or_empty(metadata).get("labels"))
-    return labels.get(POLICY_LABEL) == policy_name or mapping_or_empty(namespace_labels).get(POLICY_LABEL) == policy_name
+    return policy_name in policies_opted_into(metadata, namespace_labels)
 
 
 def check_pod(pod: Mapping, sizing: PolicySizing, namespace_labels: Mapping[str, str] | None = None,
