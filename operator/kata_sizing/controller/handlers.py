@@ -252,7 +252,7 @@ async def route_pod(state: OperatorState, review: dict) -> dict:
         patch: list[dict] = []
         # As the policies' bindings do: each policy the pod opted into routes it in its own scope.
         for name in policies_opted_into(pod["metadata"], labels):
-            sizing = routed_by_webhook(state, name)
+            sizing = sizing_routed_by_webhook(state, name)
             patch = route_patch(pod, sizing, labels) if sizing is not None else []
             if patch:
                 break
@@ -274,7 +274,7 @@ async def labels_of_namespace(state: OperatorState, name: str) -> dict[str, str]
     return namespace_labels(found) if found is not None else {}
 
 
-def routed_by_webhook(state: OperatorState, policy_name: str) -> PolicySizing | None:
+def sizing_routed_by_webhook(state: OperatorState, policy_name: str) -> PolicySizing | None:
     """The sizing of the policy as the policy watch last saw it, when this webhook routes its pods."""
     record = state.records.get(policy_name)
     body = record.body if record is not None else None

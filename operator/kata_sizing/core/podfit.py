@@ -531,8 +531,9 @@ SHARED_NAMES = {key: f"kata-sizing-{rule}-{ADMISSION_CONTRACT}"
 # stops its informer of a paramKind once no binding of a policy with that paramKind is left, for
 # one refresh of about a second, and never starts it again: the parameters it then judges pods
 # by are a stale copy, or a ConfigMap it reads from the API per binding per pod. A binding of
-# each shared policy (the validating and the mutating plugin each keep their own list) that
-# matches no object keeps the informer running whatever the policies' own bindings do.
+# each shared policy that matches no object keeps the informer running whatever the policies' own
+# bindings do (the validating and the mutating plugin each count only their own bindings, and
+# share the one informer, which either may stop).
 KEEP_ALIVE_SUFFIX = "-keep-alive"
 KEEP_ALIVE_NAMES = {key: name + KEEP_ALIVE_SUFFIX for key, name in SHARED_NAMES.items()}
 # No object carries a label and lacks it: the binding judges nothing, so it never reads its
