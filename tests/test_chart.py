@@ -183,21 +183,23 @@ def test_the_chart_installs_the_same_objects_as_manifests(helm: str) -> None:
 
 
 VAP, MAP = "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"
+VAPB, MAPB = VAP + "Binding", MAP + "Binding"  # the keep-alive bindings (docs/admission.md)
 
 
 @pytest.mark.parametrize("args, kinds", [
-    (["--kube-version", "1.37.0"], [MAP, VAP, VAP]),
-    (["--kube-version", "1.35.0"], [VAP, VAP]),  # no MutatingAdmissionPolicy in v1 before 1.36
+    (["--kube-version", "1.37.0"], [MAP, MAPB, VAP, VAP, VAPB, VAPB]),
+    (["--kube-version", "1.35.0"], [VAP, VAP, VAPB, VAPB]),  # no MutatingAdmissionPolicy in v1 before 1.36
     (["--kube-version", "1.29.0"], []),
     # What discovery says wins over the version (helm install, Flux, Argo CD's --api-versions).
-    (["--kube-version", "1.35.0", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
-     [MAP, VAP, VAP]),
+    (["--kube-version", "1.35.0", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+      "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicyBinding"],
+     [MAP, MAPB, VAP, VAP, VAPB, VAPB]),
     (["--kube-version", "1.37.0", "--set", "admissionPolicies.create=false"], []),
 ], ids=["1.37", "1.35", "1.29", "served-by-discovery", "owned-elsewhere"])
 def test_the_chart_creates_the_shared_admission_policies_the_server_serves(helm: str, args: list[str],
                                                                           kinds: list[str]) -> None:
-    objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP)]
-    assert [o["kind"] for o in objects] == kinds
+    objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP, VAPB, MAPB)]
+    assert sorted(o["kind"] for o in objects) == kinds
     # As `kata-sizing render --shared` prints them, Helm's labels not added: the operator guards them.
     shared = by_key(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text()))
     for obj in objects:
@@ -217,7 +219,9 @@ def test_the_notes_name_the_shared_admission_policies_and_how_to_uninstall(helm:
     assert ("  ValidatingAdmissionPolicy kata-sizing-memory-limit-v1\n  ValidatingAdmissionPolicy kata-sizing-envelope-v1\n"
             "  MutatingAdmissionPolicy kata-sizing-route-v1\n") in text
     assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in text
-    assert "kubectl delete validatingadmissionpolicies,mutatingadmissionpolicies -l katasizing.dev/shared=admission" in text
+    assert "  ValidatingAdmissionPolicyBinding kata-sizing-envelope-v1-keep-alive\n" in text
+    assert ("kubectl delete validatingadmissionpolicies,mutatingadmissionpolicies,validatingadmissionpolicybindings,"
+            "mutatingadmissionpolicybindings -l katasizing.dev/shared=admission") in text
     assert "kata-sizing-envelope-v1" not in notes(helm, "--set", "admissionPolicies.create=false")
 
 
@@ -331,6 +335,33 @@ def test_the_webhook_is_called_only_for_spec_changes_where_the_server_can_say_so
     if conditions:
         assert conditions == yaml.safe_load((ROOT / "overlays/webhook/validatingwebhookconfiguration.yaml").read_text())[
             "webhooks"][0]["matchConditions"]
+
+
+@pytest.mark.parametrize("kube_version", ["1.27", "1.37"])
+def test_the_routing_webhook_is_called_only_for_pods_it_could_route(helm: str, kube_version: str) -> None:
+    """A pod that names its class never reaches the webhook where the server can say so (the
+    MutatingAdmissionPolicy's own match condition, one text); webhook.routeNamespaceSelector narrows
+    both webhooks to the policies' namespaces, on top of the opt-in label."""
+    from kata_sizing.core.podfit import shared_admission_specs
+
+    (mutating,) = [spec for _, kind, _, spec in shared_admission_specs() if kind == "MutatingAdmissionPolicy"]
+    selector = {"matchLabels": {"kata": "yes"}, "matchExpressions": [{"key": "tier", "operator": "NotIn",
+                                                                       "values": ["system"]}]}
+    values = ["--set-json", f"webhook.routeNamespaceSelector={json.dumps(selector)}"]
+    hooks = {h["name"]: h for h in one(template(helm, "--kube-version", kube_version, *EVERYTHING_ON, *values),
+                                       "MutatingWebhookConfiguration")["webhooks"]}
+    for hook in hooks.values():
+        if kube_version == "1.27":
+            assert "matchConditions" not in hook
+        else:
+            assert hook["matchConditions"] == mutating["matchConditions"]
+    assert hooks["route-pod.katasizing.dev"]["namespaceSelector"] == selector
+    assert hooks["route-namespace-pod.katasizing.dev"]["namespaceSelector"] == {
+        "matchLabels": {"kata": "yes"},
+        "matchExpressions": [{"key": "katasizing.dev/policy", "operator": "Exists"}, *selector["matchExpressions"]]}
+    # The default: every namespace (as overlays/webhook/).
+    default = {h["name"]: h for h in one(template(helm, *EVERYTHING_ON), "MutatingWebhookConfiguration")["webhooks"]}
+    assert "namespaceSelector" not in default["route-pod.katasizing.dev"]
 
 
 def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:

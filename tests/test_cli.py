@@ -158,11 +158,15 @@ def test_render_shared_prints_the_shared_admission_policies_alone(capsys, tmp_pa
         ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
         ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
         ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
+        # The keep-alive binding of each (docs/admission.md#the-parameters-stay-followed).
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-memory-limit-v1-keep-alive"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-envelope-v1-keep-alive"),
+        ("MutatingAdmissionPolicyBinding", "kata-sizing-route-v1-keep-alive"),
     ]
-    # Exactly what a policy's bindings name.
+    # Exactly what a policy's bindings name, and a keep-alive binding of each.
     _, policy_out, _ = run(capsys, "render", ROOT / "examples" / "qemu-runtime-rs.yaml")
     named = [d["spec"]["policyName"] for d in yaml.safe_load_all(policy_out) if d["kind"].endswith("Binding")]
-    assert named == [d["metadata"]["name"] for d in shared]
+    assert named == [d["metadata"]["name"] for d in shared[:3]] == [d["spec"]["policyName"] for d in shared[3:]]
     code, out, _ = run(capsys, "render", "--shared", "-o", "json")
     assert code == 0 and json.loads(out)["items"] == shared
     # Policies that all route through the operator's webhook bind no MutatingAdmissionPolicy.
@@ -170,7 +174,8 @@ def test_render_shared_prints_the_shared_admission_policies_alone(capsys, tmp_pa
     body["spec"]["admission"] = {"routing": "Webhook"}
     (tmp_path / "webhook.yaml").write_text(yaml.safe_dump(body))
     code, out, _ = run(capsys, "render", "--shared", tmp_path / "webhook.yaml")
-    assert code == 0 and [d["kind"] for d in yaml.safe_load_all(out)] == ["ValidatingAdmissionPolicy"] * 2
+    assert code == 0 and [d["kind"] for d in yaml.safe_load_all(out)] == (
+        ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2)
     body["spec"]["admission"] = {"enabled": False}
     (tmp_path / "off.yaml").write_text(yaml.safe_dump(body))
     code, out, err = run(capsys, "render", "--shared", tmp_path / "off.yaml")

@@ -423,7 +423,7 @@ def test_kustomize_accepts_a_kustomization_listing_several_policies_renders(tmp_
     built = _kustomize(tmp_path)
     assert built.returncode == 0, built.stderr
     keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout)]
-    assert len(keys) == len(set(keys)) == 3 * 9 + 3
+    assert len(keys) == len(set(keys)) == 3 * 9 + 6  # and the shared policies with their keep-alive bindings
     # A second copy of the shared policies (a render that printed them with each policy) is refused.
     (tmp_path / "again.yaml").write_text((tmp_path / "shared.yaml").read_text())
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": [*files, "shared.yaml", "again.yaml"]}))

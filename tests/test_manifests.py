@@ -45,14 +45,18 @@ EXPECTED_KINDS = Counter(
         "PodDisruptionBudget": 1,  # two replicas, drained one at a time
         "Service": 1,  # /metrics
         "CustomResourceDefinition": 1,
-        # The shared admission policies (manifests/admission/), the install's.
+        # The shared admission policies (manifests/admission/), the install's, and the keep-alive
+        # binding of each (docs/admission.md).
         "ValidatingAdmissionPolicy": 2,
         "MutatingAdmissionPolicy": 1,
+        "ValidatingAdmissionPolicyBinding": 2,
+        "MutatingAdmissionPolicyBinding": 1,
     }
 )
 # The Kubernetes release that serves each admission kind in admissionregistration.k8s.io/v1
 # (docs/admission.md): manifests/ needs 1.36; the chart leaves out what a server does not serve.
-ADMISSION_SERVED_FROM = {"ValidatingAdmissionPolicy": (1, 30), "MutatingAdmissionPolicy": (1, 36)}
+ADMISSION_SERVED_FROM = {"ValidatingAdmissionPolicy": (1, 30), "ValidatingAdmissionPolicyBinding": (1, 30),
+                         "MutatingAdmissionPolicy": (1, 36), "MutatingAdmissionPolicyBinding": (1, 36)}
 ADMISSION_FILE = MANIFESTS / "admission" / "admission-policies.yaml"
 
 # Objects are written with PUT and a resourceVersion, never a blind patch.
@@ -79,7 +83,7 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     **{("admissionregistration.k8s.io", kind): READ_WRITE for kind in (
         "validatingadmissionpolicies", "validatingadmissionpolicybindings",
         "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
-    ("", "namespaces"): ("get",),
+    ("", "namespaces"): ("get", "list", "watch"),
     # The measurement's Summaries, authorized by each kubelet (docs/measurement.md).
     ("", "nodes/stats"): ("get",),
 }

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kata_sizing.controller import conditions as cond
-from kata_sizing.core.podfit import SHARED_NAMES
+from kata_sizing.core.podfit import KEEP_ALIVE_NAMES, SHARED_NAMES
 from tests.conftest import _operator_cluster
 from tests.harness.emulator import default_resources
 from tests.operator_helpers import (
@@ -32,10 +32,12 @@ VAPB = f"{ADMISSION}/validatingadmissionpolicybindings"
 MAP = f"{ADMISSION}/mutatingadmissionpolicies"
 MAPB = f"{ADMISSION}/mutatingadmissionpolicybindings"
 VAP_PATH = re.compile(r"^/apis/admissionregistration\.k8s\.io/v1/validatingadmissionpolicies")
-# The shared admission policies, and the policy's bindings of them.
+# The shared admission policies, and the policy's bindings of them (and the install's keep-alive
+# bindings, which the operator puts back like the shared policies).
 NAMES = {VAP: {SHARED_NAMES["envelope"], SHARED_NAMES["memory"]},
-         VAPB: {"kata-sizing-gate-envelope", "kata-sizing-gate-memory-limit"},
-         MAP: {SHARED_NAMES["route"]}, MAPB: {"kata-sizing-gate-route"}}
+         VAPB: {"kata-sizing-gate-envelope", "kata-sizing-gate-memory-limit",
+                KEEP_ALIVE_NAMES["envelope"], KEEP_ALIVE_NAMES["memory"]},
+         MAP: {SHARED_NAMES["route"]}, MAPB: {"kata-sizing-gate-route", KEEP_ALIVE_NAMES["route"]}}
 
 
 def admission_names(emu, policy: str = NAME) -> dict[str, set[str]]:

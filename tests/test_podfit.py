@@ -264,6 +264,9 @@ def test_rendered_admission_objects() -> None:
         ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
         ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
         ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-memory-limit-v1-keep-alive"),
+        ("ValidatingAdmissionPolicyBinding", "kata-sizing-envelope-v1-keep-alive"),
+        ("MutatingAdmissionPolicyBinding", "kata-sizing-route-v1-keep-alive"),
     ]
     assert [(o["kind"], o["metadata"]["name"]) for o in rendered.admission] == [
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-memory-limit"),
@@ -276,15 +279,27 @@ def test_rendered_admission_objects() -> None:
         # No GitOps application's prune takes them (docs/gitops.md).
         assert obj["metadata"]["annotations"] == {"kustomize.toolkit.fluxcd.io/prune": "disabled",
                                                   "argocd.argoproj.io/sync-options": "Prune=false"}
-        assert obj["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
         text = json.dumps(obj["spec"])
         assert "kata-fit-" not in text and '\\"fit\\"' not in text and "policy fit" not in text  # nothing of this policy
     for obj in rendered.admission:
         assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kata-sizing",
                                              "katasizing.dev/policy": "fit"}
         assert "ownerReferences" not in obj["metadata"]
+    policies = [o for o in rendered.shared if not o["kind"].endswith("Binding")]
+    assert all(o["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"} for o in policies)
     bindings = {o["metadata"]["name"]: o["spec"] for o in rendered.admission}
-    assert [b["policyName"] for b in bindings.values()] == [o["metadata"]["name"] for o in rendered.shared]
+    assert [b["policyName"] for b in bindings.values()] == [o["metadata"]["name"] for o in policies]
+    # The install's keep-alive binding of each shared policy (docs/admission.md) judges no object
+    # and names parameters that no policy has, in a namespace only administrators write.
+    keep_alive = [o["spec"] for o in rendered.shared if o["kind"].endswith("Binding")]
+    assert [b["policyName"] for b in keep_alive] == [o["metadata"]["name"] for o in policies]
+    for spec in keep_alive:
+        assert spec["paramRef"] == {"name": "kata-sizing-keep-alive", "namespace": "kube-system",
+                                    "parameterNotFoundAction": "Allow"}
+        assert spec["matchResources"]["objectSelector"] == {"matchExpressions": [
+            {"key": "katasizing.dev/policy", "operator": "Exists"},
+            {"key": "katasizing.dev/policy", "operator": "DoesNotExist"}]}
+        assert spec.get("validationActions", ["Audit"]) == ["Audit"]
     assert bindings["kata-sizing-fit-memory-limit"]["validationActions"] == ["Warn"]
     assert bindings["kata-sizing-fit-envelope"]["validationActions"] == ["Deny"]
     assert bindings["kata-sizing-fit-route"]["matchResources"]["namespaceSelector"] == {

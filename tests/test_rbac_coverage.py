@@ -47,12 +47,12 @@ NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
                                 "API server, asks whether the operator may (a SubjectAccessReview for get nodes/stats); "
                                 "tests/test_real_measurement.py shows the real kubelet granting it and refusing it "
                                 "to a ServiceAccount without it",
-    ("", "namespaces", "get"): "the routing webhook reads an opted-in namespace's label; this scenario runs no "
-                               "webhook (tests/test_real_admission_operator.py exercises it on the real server)",
+    **{("", "namespaces", verb): "the routing webhook's cache of namespace labels; this scenario runs no webhook "
+                                 "(tests/test_webhook_routing.py and tests/test_real_admission_operator.py do)"
+       for verb in ("get", "list", "watch")},
     ("katasizing.dev", "katasizingpolicies", "get"): (
-        "the routing webhook reads an opted-in pod's policy, and a drift-counter update that lost a race reads "
-        "the policy again; neither happens here (tests/test_operator_faults.py loses that race on purpose, "
-        "tests/test_real_admission_operator.py runs the webhook on the real server)"),
+        "a drift-counter update that lost a race reads the policy again; that does not happen here "
+        "(tests/test_operator_faults.py loses that race on purpose)"),
 }
 
 def request_triple(method: str, path: str, query: dict) -> Triple | None:

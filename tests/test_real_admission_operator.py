@@ -22,7 +22,7 @@ import yaml
 
 from kata_sizing.controller.compare import spec_differences
 from kata_sizing.core import podfit
-from tests.realcluster import POLICIES, ApiError, ControlPlane, free_port, poll
+from tests.realcluster import POLICIES, ControlPlane, free_port, poll
 from tests.test_real_operator import create_ready, qemu_rs, quiet, render, status, wait_observed
 
 pytestmark = pytest.mark.realserver
@@ -36,7 +36,8 @@ KINDS = {
     "MutatingAdmissionPolicyBinding": f"{ADMISSION}/mutatingadmissionpolicybindings",
 }
 PODS = "/api/v1/namespaces/default/pods"
-SHARED = set(podfit.SHARED_NAMES.values())
+# The install's: the shared policies and the keep-alive binding of each.
+SHARED = set(podfit.SHARED_NAMES.values()) | set(podfit.KEEP_ALIVE_NAMES.values())
 
 
 def admission_objects(cp: ControlPlane, policy: str) -> dict[tuple[str, str], dict]:
@@ -46,7 +47,7 @@ def admission_objects(cp: ControlPlane, policy: str) -> dict[tuple[str, str], di
 
 
 def shared_objects(cp: ControlPlane) -> dict[tuple[str, str], dict]:
-    """The admission policies every policy binds."""
+    """The admission policies every policy binds, and their keep-alive bindings."""
     return {(kind, name): obj for kind, path in KINDS.items()
             for name, obj in cp.items(path, "katasizing.dev/shared=admission").items()}
 
@@ -117,8 +118,11 @@ def test_the_operator_writes_the_admission_policies_and_puts_back_hand_edits_and
     assert {k for k, _ in expected} == set(KINDS), sorted(expected)
     shared = shared_objects(cp)
     assert sorted(shared) == [("MutatingAdmissionPolicy", podfit.SHARED_NAMES["route"]),
+                              ("MutatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["route"]),
                               ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["envelope"]),
-                              ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["memory"])]
+                              ("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["memory"]),
+                              ("ValidatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["envelope"]),
+                              ("ValidatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["memory"])]
     live = {**shared, **admission_objects(cp, "gate")}
     assert sorted(live) == sorted(expected)
     uid = cp.get(f"{POLICIES}/gate")["metadata"]["uid"]
@@ -333,7 +337,7 @@ def test_the_garbage_collector_removes_a_deleted_policys_bindings_and_parameters
     poll(lambda: admission_objects(cp, "first") == {} and cp.get(params_path("first")) is None, 60,
          lambda: f"left by the garbage collector: {sorted(admission_objects(cp, 'first'))}")
     # The shared admission policies stay: the other policy binds them.
-    assert len(shared_objects(cp)) == 3
+    assert len(shared_objects(cp)) == 6
 
     real_operator.stop()
     cp.kubectl("delete", "ksp", "second", "--timeout=30s")  # nothing holds it, operator or not
@@ -461,9 +465,36 @@ def test_pods_created_before_the_admission_policies_are_audited(control_plane, r
 # --- the webhook fallback of the routing -----------------------------------------------------------
 
 
-def test_the_webhook_fallback_routes_an_opted_in_pod_through_a_real_mutating_webhook_configuration(
+def dry_run_all(cp: ControlPlane, pods: list[dict]) -> dict[str, dict | str]:
+    """{pod: what the API server would store, or why it refused} for one `kubectl create
+    --dry-run=server` of all of them (kubectl goes on past a refused one)."""
+    proc = cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump_all(pods),
+                      check=False)
+    stored, text, at = {}, proc.stdout, 0
+    decoder = json.JSONDecoder()
+    while text[at:].strip():
+        obj, end = decoder.raw_decode(text[at:].lstrip())
+        at += len(text[at:]) - len(text[at:].lstrip()) + end
+        stored[obj["metadata"]["name"]] = obj
+    refused = {line.split('pods "', 1)[1].split('"', 1)[0]: line for line in proc.stderr.splitlines()
+               if 'pods "' in line}
+    return {**refused, **stored}
+
+
+def routed_classes(answers: dict[str, dict | str]) -> dict[str, str | None]:
+    return {name: (obj["spec"].get("runtimeClassName") if isinstance(obj, dict) else f"refused: {obj}")
+            for name, obj in answers.items()}
+
+
+def test_the_webhook_and_the_mutating_admission_policy_route_the_same_pods_for_every_scope(
         control_plane, real_operator, tmp_path):
+    """tests/test_webhook_routing.py's table (a policy per scope of spec.admission.namespaces: names,
+    a selector, both, none; pods opted in by their label and by their namespace's) through the
+    operator's webhook behind a real MutatingWebhookConfiguration, as overlays/webhook/ registers it,
+    and then through the MutatingAdmissionPolicy: the same pods routed to the same classes, the
+    ones the policies' bindings select."""
     from tests.test_webhook import write_self_signed_cert
+    from tests.test_webhook_routing import SCOPE_NAMESPACES, SCOPES, routed_by_the_bindings, scope_pods, scope_policy
 
     cp = control_plane
     cert, key = write_self_signed_cert(tmp_path)
@@ -478,53 +509,45 @@ def test_the_webhook_fallback_routes_an_opted_in_pod_through_a_real_mutating_web
     for hook in config["webhooks"]:
         hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{hook['clientConfig']['service']['path']}",
                                 "caBundle": base64.b64encode(cert.read_bytes()).decode()}
-    cp.apply(config)
-    namespace = {"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": "routed-by-namespace", "labels": {"katasizing.dev/policy": "routed"}}}
-    created: list[str] = []
+    namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+                  for name, labels in SCOPE_NAMESPACES.items()]
     try:
-        create_ready(cp, qemu_rs("routed", admission={"routing": "Webhook"}))
-        assert not [k for k in admission_objects(cp, "routed") if k[0].startswith("Mutating")]
-        classes = {c["name"]: c for c in status(cp, "routed")["classes"]}
+        cp.apply(config, *namespaces)
+        for name in SCOPE_NAMESPACES:
+            poll(lambda name=name: cp.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"), 30,
+                 f"the default ServiceAccount of {name}")
+        for scope in SCOPES:
+            cp.apply(scope_policy(scope, routing="Webhook"))
+        for scope in SCOPES:
+            wait_observed(cp, f"scope-{scope}", Ready="True")
+        pods = scope_pods()
+        expected = routed_by_the_bindings(pods)
 
-        def routed(body: dict) -> dict | None:
-            path = f"/api/v1/namespaces/{body['metadata']['namespace']}/pods/{body['metadata']['name']}"
-            cp.apply(body)
-            created.append(path)
-            stored = cp.get(path)
-            if stored["spec"].get("runtimeClassName"):
-                return stored
-            cp.delete(path)  # the API server had not seen the webhook configuration yet
-            poll(lambda: cp.get(path) is None, 10, "the unrouted pod deleted")
-            return None
+        # The webhook (no MutatingAdmissionPolicyBinding exists): once the API server calls it.
+        by_webhook = poll(lambda: (lambda got: got if routed_classes(got) == expected else None)(
+            dry_run_all(cp, pods)), 20, lambda: f"{routed_classes(dry_run_all(cp, pods))} != {expected}")
+        # The API server re-ran the RuntimeClass plugin after the webhook's mutation: the routed
+        # pod has its class's podFixed and scheduling.
+        routed = by_webhook["selector-in-kata"]
+        assert isinstance(routed, dict)
+        runtime_class = cp.get(f"/apis/node.k8s.io/v1/runtimeclasses/{routed['spec']['runtimeClassName']}")
+        assert routed["spec"]["overhead"] == runtime_class["overhead"]["podFixed"]
+        assert routed["spec"]["nodeSelector"] == {"katacontainers.io/kata-runtime": "true"}
 
-        # 1.5 CPU, 2Gi: more than s (1, 1Gi), within m (2, 4Gi).
-        stored = poll(lambda: routed(pod("routed-by-label", labels={"katasizing.dev/policy": "routed"},
-                                         cpu="1500m", memory="2Gi")), 20, "the webhook routes the pod")
-        assert stored["spec"]["runtimeClassName"] == classes["m"]["runtimeClass"]
-        # The RuntimeClass plugin ran again after the mutation: overhead is the class's podFixed.
-        pod_fixed = cp.get(f"/apis/node.k8s.io/v1/runtimeclasses/{classes['m']['runtimeClass']}")["overhead"]["podFixed"]
-        assert stored["spec"]["overhead"] == pod_fixed
-        assert stored["spec"]["nodeSelector"] == {"katacontainers.io/kata-runtime": "true"}
-
-        # A pod without the label in a namespace that carries it: the operator reads the namespace.
-        cp.apply(namespace)
-        poll(lambda: cp.get("/api/v1/namespaces/routed-by-namespace/serviceaccounts/default"), 30,
-             "the namespace's default ServiceAccount")
-        stored = poll(lambda: routed(pod("routed-by-namespace", namespace="routed-by-namespace",
-                                         cpu="500m", memory="512Mi")), 20, "the webhook routes the pod")
-        assert stored["spec"]["runtimeClassName"] == classes["s"]["runtimeClass"]
+        # The MutatingAdmissionPolicy, the same policies: the webhook leaves them to it.
+        for scope in SCOPES:
+            cp.apply(scope_policy(scope, routing="MutatingAdmissionPolicy"))
+        for scope in SCOPES:
+            wait_observed(cp, f"scope-{scope}", Ready="True")
+        poll(lambda: routed_classes(dry_run_all(cp, pods)) == expected, 20,
+             lambda: f"{routed_classes(dry_run_all(cp, pods))} != {expected}")
+        assert len([k for scope in SCOPES for k in admission_objects(cp, f"scope-{scope}")
+                    if k[0] == "MutatingAdmissionPolicyBinding"]) == len(SCOPES)
 
         # A pod that fits no class keeps no class, and the envelope policy refuses it with the reason.
-        too_big = pod("routed-too-big", labels={"katasizing.dev/policy": "routed"}, cpu="64", memory="1Ti")
-        refused = poll(lambda: (lambda r: r if r.returncode != 0 else cp.delete(f"{PODS}/routed-too-big"))(
-            cp.apply(too_big, check=False)), 20, "the unroutable pod refused")
-        assert "fit no class" in refused.stderr, refused.stderr
-        created.append(f"{PODS}/routed-too-big")
+        too_big = pod("too-big", labels={"katasizing.dev/policy": "scope-everywhere"}, cpu="64", memory="1Ti")
+        assert "fit no class" in routed_classes(dry_run_all(cp, [too_big]))["too-big"]
     finally:
-        delete_pods(cp, *created)
         cp.delete(f"{ADMISSION}/mutatingwebhookconfigurations/kata-sizing-routing-test")
-        try:
-            cp.delete("/api/v1/namespaces/routed-by-namespace")
-        except ApiError:
-            pass
+        for namespace in namespaces:
+            cp.delete(f"/api/v1/namespaces/{namespace['metadata']['name']}")

@@ -630,13 +630,16 @@ def test_a_binding_is_created_after_its_admission_policy_and_its_parameters(monk
     api.create = create
     run(pass_of(make_state(api), "apply"))
     bindings = [k for what, k in events if what == "start" and k[0].endswith("Binding")]
-    assert len(bindings) == 3
+    assert len(bindings) == 6  # the policy's three, and the install's keep-alive binding of each shared policy
     for binding in bindings:
         body = api.objects[binding]
         policy = (binding[0].removesuffix("Binding"), None, body["spec"]["policyName"])
-        params = ("ConfigMap", body["spec"]["paramRef"]["namespace"], body["spec"]["paramRef"]["name"])
         started = events.index(("start", binding))
-        assert events.index(("end", policy)) < started and events.index(("end", params)) < started, events
+        assert events.index(("end", policy)) < started, events
+        if binding[2] in podfit.KEEP_ALIVE_NAMES.values():
+            continue  # its parameters are nobody's: it matches no object and never reads them
+        params = ("ConfigMap", body["spec"]["paramRef"]["namespace"], body["spec"]["paramRef"]["name"])
+        assert events.index(("end", params)) < started, events
 
 
 def test_passes_of_two_policies_at_once_create_each_shared_admission_policy_once():
@@ -662,11 +665,12 @@ def test_passes_of_two_policies_at_once_create_each_shared_admission_policy_once
         await asyncio.gather(rc.run_pass(state, NAME, "apply"), rc.run_pass(state, "other", "apply"))
 
     run(both())
-    shared = [c[1] for c in api.written("create") if c[1][2] in podfit.SHARED_NAMES.values() and c[1][1] is None]
-    assert sorted(shared) == sorted(set(shared)) and len(shared) == 3, shared
+    install = {*podfit.SHARED_NAMES.values(), *podfit.KEEP_ALIVE_NAMES.values()}
+    shared = [c[1] for c in api.written("create") if c[1][2] in install and c[1][1] is None]
+    assert sorted(shared) == sorted(set(shared)) and len(shared) == 6, shared
     assert [c for c in api.calls if c[0] == "read"] == []
     bindings = [k for k in api.objects if k[0].endswith("PolicyBinding")]
-    assert len(bindings) == 6  # three of each policy
+    assert len(bindings) == 9  # three of each policy, and the three keep-alive ones
 
 
 def test_a_config_map_of_somebody_else_is_found_by_the_create_and_then_read_until_the_name_is_free():
@@ -769,8 +773,9 @@ def test_an_admission_object_the_server_refuses_is_said_in_status_and_the_rest_i
     api.create = _fail_first_admission_create(api)
     done = run(pass_of(make_state(api), "apply"))
     assert len(api.written("create", "RuntimeClass")) == 4
-    assert len([c for c in api.written("create") if c[1][0] in ADMISSION_KINDS]) == 6  # the refused one and 5 more
-    assert len([k for k in api.objects if k[0] in ADMISSION_KINDS]) == 5
+    # The refused one and 8 more (the policy's 3 bindings, the install's 3 policies and 3 keep-alive bindings).
+    assert len([c for c in api.written("create") if c[1][0] in ADMISSION_KINDS]) == 9
+    assert len([k for k in api.objects if k[0] in ADMISSION_KINDS]) == 8
     conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
     assert conditions["InSync"]["status"] == "False" and conditions["InSync"]["reason"] == cond.REASON_REFUSED
     assert "compilation failed" in conditions["InSync"]["message"] and done.findings.refused
@@ -797,8 +802,9 @@ def test_a_configmap_the_operator_may_not_write_there_is_said_in_status_and_not_
     conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
     assert conditions["InSync"]["reason"] == cond.REASON_REFUSED and forbidden in conditions["InSync"]["message"]
     # The bindings wait for their parameters, refused with them (a binding without its
-    # parameters would judge nothing).
-    assert [c for c in api.calls if c[0] == "create" and c[1][0].endswith("Binding")] == []
+    # parameters would judge nothing); the install's keep-alive bindings read none.
+    assert sorted(c[1][2] for c in api.calls if c[0] == "create" and c[1][0].endswith("Binding")) == sorted(
+        podfit.KEEP_ALIVE_NAMES.values())
     assert conditions["Ready"]["status"] == "False" and len(done.findings.refused) == 3 + 3
 
 
@@ -825,11 +831,12 @@ def test_a_missing_output_namespace_is_in_status_with_the_servers_message_and_is
     configmap_creates = api.written("create", "ConfigMap")
     assert len(configmap_creates) == 3, "each ConfigMap is tried once a pass, not five times"
     # The other objects are written, and counted as written: the RuntimeClasses and the shared
-    # admission policies. Not the bindings: without their parameters they would deny every pod
-    # of the classes.
+    # admission policies with their keep-alive bindings. Not the policy's bindings: without their
+    # parameters they would deny every pod of the classes.
     assert len(api.written("create", "RuntimeClass")) == 4
-    assert len(landed) == 4 + 3 and not [t for t in landed if "ConfigMap" in t or "Binding" in t]
-    assert [c for c in api.calls if c[0] == "create" and c[1][0].endswith("Binding")] == []
+    own = f"kata-sizing-{NAME}-"
+    assert len(landed) == 4 + 3 + 3 and not [t for t in landed if "ConfigMap" in t or own in t]
+    assert [c for c in api.calls if c[0] == "create" and c[1][2].startswith(own)] == []
     status = api.policy["status"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["InSync"]["reason"] == cond.REASON_OUTPUT_NAMESPACE_MISSING

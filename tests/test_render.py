@@ -95,7 +95,8 @@ def test_every_object_passes_kubernetes_schemas_strictly(rendered):
     # MutatingAdmissionPolicy from 1.36 (docs/admission.md): checked against the newest schemas.
     assert {o["kind"] for o in rendered.admission} == {
         "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding"}
-    assert {o["kind"] for o in rendered.shared} == {"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"}
+    assert {o["kind"] for o in rendered.shared} == {"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy",
+                                                    "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding"}
     for obj in rendered.admission + rendered.shared:
         kubernetes_validate.validate(obj, SCHEMA_VERSIONS[-1], strict=True)
         if obj["kind"].startswith("Validating"):

@@ -17,7 +17,9 @@ from kata_sizing.controller.handlers import routes_through_webhook
 from kata_sizing.controller.policy_webhook import ROUTE_POD_PATH_ID, pod_to_route, review_response
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.podfit import SHARED_NAMES, route_patch
+from kata_sizing.core.render import render_policy
 from kata_sizing.core.sizing import size_policy
+from tests.harness.selectors import parse_label_selector
 from tests.operator_helpers import POLICIES, explicit_classes_policy, wait_observed
 from tests.test_webhook import Webhook, webhook  # noqa: F401 - the fixture
 
@@ -136,16 +138,125 @@ def test_with_a_mutating_admission_policy_served_the_webhook_leaves_auto_routing
 
 def test_an_api_failure_lets_the_pod_through_unrouted_with_a_warning(webhook):  # noqa: F811
     """failurePolicy Ignore in the configuration, and the same inside: never a refusal, never a 500;
-    the pod then meets the envelope policy's pod-not-routed rule, which names the reason."""
+    the pod then meets the envelope policy's pod-not-routed rule, which names the reason. The only
+    request a review can make: the labels of a namespace the cache has not seen yet."""
     emu = webhook.emu
     emu.objects(POLICIES).create(routed_policy())
     wait_observed(emu, "routed", Ready="True")
-    emu.fail_next(1, status=500, method="GET", path="/katasizingpolicies/routed")
-    response = post(webhook, review(pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi")))
+    emu.fail_next(1, status=500, method="GET", path="/namespaces/unseen$")
+    response = post(webhook, review(pod(namespace="unseen", labels={"katasizing.dev/policy": "routed"},
+                                        cpu="1", memory="1Gi"), namespace="unseen"))
     assert response["allowed"] is True and "patch" not in response
     assert any("could not route" in w for w in response.get("warnings") or []), response
     # The next one, with the API back, is routed.
-    assert patch_of(post(webhook, review(pod(labels={"katasizing.dev/policy": "routed"}, cpu="1", memory="1Gi"))))
+    assert patch_of(post(webhook, review(pod(namespace="unseen", labels={"katasizing.dev/policy": "routed"},
+                                             cpu="1", memory="1Gi"), namespace="unseen")))
+
+
+# --- the scope of a policy: the webhook routes the pods its bindings would ------------------------
+
+# Namespaces by their labels, and the scopes of spec.admission.namespaces the table covers; a
+# policy per scope, scope-<key>, routed by the webhook. tests/test_real_admission_operator.py runs
+# the same table through the MutatingAdmissionPolicy and the webhook on the real API server.
+SCOPE_NAMESPACES = {
+    "listed": {},
+    "listed-kata": {"kata": "yes"},
+    "kata": {"kata": "yes"},
+    "plain": {},
+    # Opted in as a whole (the namespace's label), for the selector's policy.
+    "kata-opted": {"kata": "yes", "katasizing.dev/policy": "scope-selector"},
+    "plain-opted": {"katasizing.dev/policy": "scope-selector"},
+}
+SCOPES = {
+    "everywhere": {},
+    "names": {"names": ["listed", "listed-kata"]},
+    "selector": {"selector": {"matchLabels": {"kata": "yes"}}},
+    "both": {"names": ["listed", "listed-kata"], "selector": {"matchExpressions": [
+        {"key": "kata", "operator": "In", "values": ["yes"]}]}},
+}
+
+
+def scope_policy(scope: str, routing: str = "Webhook") -> dict:
+    return explicit_classes_policy(f"scope-{scope}", admission={"routing": routing, "namespaces": SCOPES[scope]})
+
+
+# A pod two policies would both route (its label's, everywhere, and its namespace's): the API server
+# runs the bindings of one policy in no order it promises; the webhook asks the pod's label first.
+BOTH_ROUTE = "everywhere-in-kata-opted"
+
+
+def scope_pods() -> list[dict]:
+    """A pod of each namespace labelled for each scope's policy; one without the label in each
+    namespace opted in as a whole. All fit class s."""
+    labelled = [pod(f"{scope}-in-{namespace}", namespace, {"katasizing.dev/policy": f"scope-{scope}"},
+                    cpu="500m", memory="512Mi")
+                for scope in SCOPES for namespace in SCOPE_NAMESPACES if f"{scope}-in-{namespace}" != BOTH_ROUTE]
+    unlabelled = [pod(f"unlabelled-in-{namespace}", namespace, cpu="500m", memory="512Mi")
+                  for namespace, labels in SCOPE_NAMESPACES.items() if "katasizing.dev/policy" in labels]
+    return labelled + unlabelled
+
+
+def _selector_text(selector: dict) -> str:
+    """A LabelSelector as kubectl writes it (`-l`), for the emulator's own selector semantics."""
+    parts = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for requirement in selector.get("matchExpressions") or []:
+        key, operator, values = requirement["key"], requirement["operator"], requirement.get("values") or []
+        parts.append({"In": f"{key} in ({','.join(values)})", "NotIn": f"{key} notin ({','.join(values)})",
+                      "Exists": key, "DoesNotExist": f"!{key}"}[operator])
+    return ",".join(parts)
+
+
+def routed_by_the_bindings(pods: list[dict]) -> dict[str, str | None]:
+    """{pod: the class} as the policies' MutatingAdmissionPolicyBindings would route it: the binding's
+    namespaceSelector (as render writes it) over the namespace's labels, as the API server matches it
+    (the name label it sets on every namespace included), the pod opted in, the smallest class."""
+    routed: dict[str, str | None] = {}
+    for case in pods:
+        namespace = case["metadata"]["namespace"]
+        labels = {**SCOPE_NAMESPACES[namespace], "kubernetes.io/metadata.name": namespace}
+        routed[case["metadata"]["name"]] = None
+        for name in ((case["metadata"].get("labels") or {}).get("katasizing.dev/policy"),
+                     labels.get("katasizing.dev/policy")):
+            if name is None:
+                continue
+            (binding,) = [o for o in render_policy(parse_policy(scope_policy(name.removeprefix("scope-"),
+                                                                             "MutatingAdmissionPolicy"))).admission
+                          if o["kind"] == "MutatingAdmissionPolicyBinding"]
+            selector = ((binding["spec"].get("matchResources") or {}).get("namespaceSelector")) or {}
+            if parse_label_selector(_selector_text(selector))({"metadata": {"labels": labels}}):
+                routed[case["metadata"]["name"]] = f"kata-{name}-s"
+                break
+    return routed
+
+
+def test_the_webhook_routes_the_pods_the_policies_bindings_would_for_every_scope(webhook):  # noqa: F811
+    emu = webhook.emu
+    for namespace, labels in SCOPE_NAMESPACES.items():
+        emu.objects("v1/namespaces").create({"metadata": {"name": namespace, "labels": labels}})
+    for scope in SCOPES:
+        emu.objects(POLICIES).create(scope_policy(scope))
+    for scope in SCOPES:
+        wait_observed(emu, f"scope-{scope}", Ready="True")
+    pods = scope_pods()
+    expected = routed_by_the_bindings(pods)
+    # Each scope routes some pods and leaves others, so the table tells the scopes apart.
+    assert {scope: {n for n, c in expected.items() if c == f"kata-scope-{scope}-s"} for scope in SCOPES} == {
+        "everywhere": {f"everywhere-in-{n}" for n in SCOPE_NAMESPACES} - {BOTH_ROUTE},
+        "names": {"names-in-listed", "names-in-listed-kata"},
+        # ...and the pods of the namespace opted in to it whose own label's policy leaves them out.
+        "selector": {"selector-in-listed-kata", "selector-in-kata", "selector-in-kata-opted",
+                     "unlabelled-in-kata-opted", "names-in-kata-opted", "both-in-kata-opted"},
+        "both": {"both-in-listed-kata"},
+    }
+    mark = len(emu.request_log)
+    got = {}
+    for case in pods:
+        namespace = case["metadata"]["namespace"]
+        patch = patch_of(post(webhook, review(case, namespace=namespace)))
+        got[case["metadata"]["name"]] = patch[0]["value"] if patch else None
+    assert got == expected
+    # Answered from the operator's caches: no policy and no namespace read for any of them.
+    assert [(r.method, r.path) for r in emu.request_log[mark:] if r.method == "GET" and "watch" not in r.query] == []
 
 
 def test_a_pod_it_cannot_read_is_let_through_never_refused(webhook):  # noqa: F811

@@ -166,7 +166,7 @@ def test_kubectl_reads_render_output_as_render_means_it(capsys, tmp_path):
     assert all(o["metadata"]["labels"]["katasizing.dev/policy"] == "n" for o in read)
     # The admission policies every policy binds (`render --shared`), read as meant too.
     shared = json.loads(_render_cli(capsys, path, "--shared", "-o", "json"))["items"]
-    assert len(shared) == 3 and kubectl_reads(_render_cli(capsys, path, "--shared")) == shared
+    assert len(shared) == 6 and kubectl_reads(_render_cli(capsys, path, "--shared")) == shared
     assert all(o["scheduling"]["nodeSelector"]["zone"] == "y" for o in runtime_classes)
 
 

@@ -4,8 +4,8 @@ A strict Kubernetes API emulator for tests: kmock 0.8 plus the server semantics 
 It serves HTTP on 127.0.0.1 from its own thread and event loop, so synchronous tests,
 the `kubernetes` client and a kopf operator running in yet another thread can all use it.
 kmock is pinned exactly (0.8); this module relies on its internals: the request parsing
-of ``RawHandler.__call__``, the ``_handle`` hook, and ``ResourcesArray``/``ResourceInfo``
-as the registry of served resources.
+of ``RawHandler.__call__`` (and its ``parse_path``, mended for the namespaces collection below),
+the ``_handle`` hook, and ``ResourcesArray``/``ResourceInfo`` as the registry of served resources.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import aiohttp.web
 import kmock
 import yarl
+from kmock._internal import parsing as kmock_parsing
 
 from .selectors import Matcher, SelectorError, parse_field_selector, parse_label_selector
 from .store import DEFAULT_VALIDATORS, ApiError, JsonObject, ObjectStore, ResourceType, Validator
@@ -41,6 +42,22 @@ PATCH_TYPES = {
     'application/merge-patch+json': 'merge',
     'application/strategic-merge-patch+json': 'strategic',
 }
+
+
+_kmock_parse_path = kmock_parsing.parse_path
+
+
+def _parse_path(path: str) -> kmock_parsing.ParsedPath:
+    """kmock 0.8 takes the `namespaces` of ``/api/v1/namespaces`` (the list and watch of namespaces)
+    for the prefix of a namespace's objects and fails on the name missing after it (a 500 for every
+    list of namespaces); that path is the collection itself."""
+    parts = path.strip('/').split('/')
+    if len(parts) == 3 and parts[0] == 'api' and parts[2] == 'namespaces':
+        return kmock_parsing.ParsedPath(group='', version=parts[1], plural='namespaces')
+    return _kmock_parse_path(path)
+
+
+kmock_parsing.parse_path = _parse_path
 
 
 def _info(kind: str, *, namespaced: bool, shortnames: tuple[str, ...] = (),

@@ -51,7 +51,7 @@ The shared admission policies the chart creates (templates/admission-policies.ya
 how), as YAML documents: each of files/admission-policies.yaml whose kind the API server serves.
 */}}
 {{- define "kata-sizing.sharedAdmissionPolicies" -}}
-{{- $servedFrom := dict "ValidatingAdmissionPolicy" ">=1.30.0-0" "MutatingAdmissionPolicy" ">=1.36.0-0" }}
+{{- $servedFrom := dict "ValidatingAdmissionPolicy" ">=1.30.0-0" "ValidatingAdmissionPolicyBinding" ">=1.30.0-0" "MutatingAdmissionPolicy" ">=1.36.0-0" "MutatingAdmissionPolicyBinding" ">=1.36.0-0" }}
 {{- if .Values.admissionPolicies.create }}
 {{- range $document := regexSplit "(?m)^---\\s*$" (.Files.Get "files/admission-policies.yaml") -1 }}
 {{- $object := fromYaml $document }}

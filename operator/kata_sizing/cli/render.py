@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         objects.extend(rendered.objects())
-        shared.update(dict.fromkeys(o["metadata"]["name"] for o in rendered.shared))
+        shared.update(dict.fromkeys(o["spec"]["policyName"] for o in rendered.admission))
     if errors:
         print_problems(errors)
         return EXIT_INVALID

@@ -163,6 +163,12 @@ def summarize_pod(pod: Mapping) -> PodRequest | None:
     )
 
 
+def namespace_labels(namespace: Mapping) -> dict[str, str]:
+    """A Namespace's labels, what the routing webhook reads of it (its scope and opt-in label)."""
+    labels = (namespace.get("metadata") or {}).get("labels") or {}
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def is_kata_class(runtime_class: str | None, kata_classes: set[str]) -> bool:
     # kata-deploy names its RuntimeClasses kata-<shim> (and `kata` for the default one).
     if not runtime_class:

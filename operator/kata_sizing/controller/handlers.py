@@ -23,17 +23,16 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ..core.labels import POLICY_LABEL
 from ..core.model import GROUP, PLURAL, VERSION
-from ..core.podfit import route_patch
+from ..core.podfit import policies_opted_into, route_patch
 from ..core.podread import PodInputError
+from ..core.sizing import PolicySizing
 from . import gather, metrics, retry, worker
 from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError
-from .cluster import summarize_node, summarize_pod
+from .cluster import namespace_labels, summarize_node, summarize_pod
 from .events import EventPoster
-from .informer import ChildCache, Informer
-from .kinds import policy_key
+from .informer import ChildCache, Informer, name_key
 from .kube import KubeApi
 from .kubelet import DirectKubelets, KubeletOptions
 from .leader import LeaderElector
@@ -244,26 +243,25 @@ def routes_through_webhook(routing: str, admission_versions: dict[str, str]) -> 
 
 async def route_pod(state: OperatorState, review: dict) -> dict:
     """The mutating webhook (failurePolicy Ignore): a pod labelled katasizing.dev/policy=<name>
-    (or in a namespace so labelled) without a runtimeClassName gets the smallest class of that
-    policy that covers its limits (podfit.route_patch, the rule the MutatingAdmissionPolicy
-    applies). Never refuses: a pod it cannot route is let through unchanged, and the
+    (or in a namespace so labelled) without a runtimeClassName, in that policy's namespaces, gets
+    the smallest class of that policy that covers its limits (podfit.route_patch, the rule the
+    MutatingAdmissionPolicy applies, with the same namespace labels its binding's selector reads).
+    Answered from memory: the policies from the operator's watch, the namespaces from its cache.
+    Never refuses: a pod it cannot route is let through unchanged, and the
     ValidatingAdmissionPolicy refuses it with the reason (rule pod-not-routed)."""
     found = adm.pod_to_route(review)
     if found is None:
         return adm.review_response(review, allowed=True)
     pod, namespace = found
     try:
-        name = ((pod.get("metadata") or {}).get("labels") or {}).get(POLICY_LABEL)
-        namespace_labels = None
-        if not name:
-            namespace_obj = await state.api.read(("Namespace", None, namespace))
-            namespace_labels = ((namespace_obj or {}).get("metadata") or {}).get("labels") or {}
-            name = namespace_labels.get(POLICY_LABEL)
-        body = await state.api.read(policy_key(name)) if name else None
-        sizing = gather.policy_sizing(state, body) if body is not None else None
-        if sizing is None or not routes_through_webhook(sizing.policy.spec.admission.routing, state.admission_versions):
-            return adm.review_response(review, allowed=True)
-        patch = route_patch(pod, sizing, namespace_labels)
+        labels = await labels_of_namespace(state, namespace)
+        patch: list[dict] = []
+        # As the policies' bindings do: each policy the pod opted into routes it in its own scope.
+        for name in policies_opted_into(pod["metadata"], labels):
+            sizing = sizing_routed_by_webhook(state, name)
+            patch = route_patch(pod, sizing, labels) if sizing is not None else []
+            if patch:
+                break
     except (ApiError, PodInputError) as exc:
         log.warning("pod %s/%s not routed: %s", namespace, (pod.get("metadata") or {}).get("name"), exc)
         return adm.review_response(review, allowed=True, warnings=[f"kata-sizing could not route this pod: {exc}"])
@@ -271,10 +269,33 @@ async def route_pod(state: OperatorState, review: dict) -> dict:
     return adm.review_response(review, allowed=True, patch=patch)
 
 
+async def labels_of_namespace(state: OperatorState, name: str) -> dict[str, str]:
+    """The namespace's labels from the cache; read from the API server only when the cache has not
+    seen the namespace yet (created a moment before its first pod)."""
+    if state.namespaces is not None:
+        cached = state.namespaces.items.get((None, name))
+        if cached is not None:
+            return cached
+    found = await state.api.read(("Namespace", None, name))
+    return namespace_labels(found) if found is not None else {}
+
+
+def sizing_routed_by_webhook(state: OperatorState, policy_name: str) -> PolicySizing | None:
+    """The sizing of the policy as the policy watch last saw it, when this webhook routes its pods."""
+    record = state.records.get(policy_name)
+    body = record.body if record is not None else None
+    sizing = gather.policy_sizing(state, body) if body is not None else None
+    if sizing is None or not routes_through_webhook(sizing.policy.spec.admission.routing, state.admission_versions):
+        return None
+    return sizing
+
+
 def install_pod_routing(settings: kopf.OperatorSettings, state: OperatorState) -> None:
     routes = getattr(settings.admission.server, "routes", None)
     state.webhook_serving = routes is not None
     if routes is not None:
+        # name_key: a cluster-scoped object's key is (None, name).
+        state.namespaces = Informer(state.api, "Namespace", namespace_labels, key=name_key)
         routes[adm.ROUTE_POD_PATH_ID] = lambda review: route_pod(state, review)
 
 

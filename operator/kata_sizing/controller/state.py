@@ -117,6 +117,9 @@ class OperatorState:
     work: WorkQueue[str, str] | None = None
     leader: LeaderElector | None = None
     webhook_serving: bool = False
+    # With the routing webhook served: each namespace's labels, by (None, name), so a review reads
+    # its pod's scope from memory (handlers.route_pod).
+    namespaces: Informer | None = None
     # The measurement of the policies' pods (measurement.MeasurementLoop) and, reading on the
     # kubelets' own port, their client (kubelet.DirectKubelets); docs/measurement.md.
     measurement: Any = None
@@ -137,7 +140,7 @@ class OperatorState:
             self.work.add(policy_name, trigger)
 
     def informers(self) -> list[Informer]:
-        return [self.nodes, self.pods, *self.children.informers()]
+        return [self.nodes, self.pods, *self.children.informers(), *([self.namespaces] if self.namespaces else [])]
 
     def forget_policy(self, policy_name: str) -> None:
         self.records.pop(policy_name, None)

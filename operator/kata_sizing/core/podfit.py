@@ -27,8 +27,11 @@ Interface (used by the operator, the webhook, the CLI):
   would refuse to start: rule pod-sandbox-memory-zero, docs/rules.md).
 - `check_pod(pod, sizing, namespace_labels=None) -> list[PodFinding]`: the rule on a Pod.
 - `route_patch(pod, sizing, namespace_labels=None) -> list[dict]`: the JSON patch the routing
-  applies (only runtimeClassName; see `route_patch`).
-- `shared_admission_specs(routing) -> [(apiVersion, kind, name, spec)]`: the shared VAPs and MAP;
+  applies (only runtimeClassName; see `route_patch`), in the policy's namespaces (`in_scope`, the
+  one scope rule: the bindings' namespaceSelector is `namespace_selector`), for a pod that opted in
+  (`policies_opted_into`).
+- `shared_admission_specs(routing) -> [(apiVersion, kind, name, spec)]`: the shared VAPs and MAP,
+  and the keep-alive binding of each;
   `binding_specs(sizing, params_name)`: a policy's bindings; `params_data(sizing)`: its
   parameters (render.py makes them objects: the shared ones owned by no policy, the bindings with
   the policy's labels and owner, the parameters in its drop-ins ConfigMap).
@@ -271,9 +274,15 @@ def namespace_selector(policy: KataSizingPolicy) -> LabelSelector:
     return selector
 
 
+def policies_opted_into(metadata: Mapping, namespace_labels: Mapping[str, str] | None = None) -> list[str]:
+    """The policies a pod asks to be routed by: its own label's, then its namespace's."""
+    asked = (mapping_or_empty(mapping_or_empty(metadata).get("labels")).get(POLICY_LABEL),
+             mapping_or_empty(namespace_labels).get(POLICY_LABEL))
+    return list(dict.fromkeys(name for name in asked if isinstance(name, str) and name))
+
+
 def opted_in(metadata: Mapping, policy_name: str, namespace_labels: Mapping[str, str] | None = None) -> bool:
-    labels = mapping_or_empty(mapping_or_empty(metadata).get("labels"))
-    return labels.get(POLICY_LABEL) == policy_name or mapping_or_empty(namespace_labels).get(POLICY_LABEL) == policy_name
+    return policy_name in policies_opted_into(metadata, namespace_labels)
 
 
 def check_pod(pod: Mapping, sizing: PolicySizing, namespace_labels: Mapping[str, str] | None = None,
@@ -488,9 +497,11 @@ _POD_RULES = [
 ]
 
 
-def _match_resources(resource_rules: list[dict] | None = None, namespace_selector: dict | None = None) -> dict:
+def _match_resources(resource_rules: list[dict] | None = None, namespace_selector: dict | None = None,
+                     object_selector: dict | None = None) -> dict:
     """A MatchResources as the API server stores it (its defaults written out)."""
-    match: dict = {"matchPolicy": "Equivalent", "namespaceSelector": namespace_selector or {}, "objectSelector": {}}
+    match: dict = {"matchPolicy": "Equivalent", "namespaceSelector": namespace_selector or {},
+                   "objectSelector": object_selector or {}}
     if resource_rules is not None:
         match["resourceRules"] = resource_rules
     return match
@@ -514,6 +525,23 @@ ADMISSION_CONTRACT = "v1"
 # same for all; each policy's bindings name its parameters.
 SHARED_NAMES = {key: f"kata-sizing-{rule}-{ADMISSION_CONTRACT}"
                 for key, rule in (("memory", "memory-limit"), ("envelope", "envelope"), ("route", "route"))}
+
+# The install's binding of each shared policy that keeps the API server following the
+# parameters (docs/admission.md#the-parameters-stay-followed). kube-apiserver (seen on 1.37.2)
+# stops its informer of a paramKind once no binding of a policy with that paramKind is left, for
+# one refresh of about a second, and never starts it again: the parameters it then judges pods
+# by are a stale copy, or a ConfigMap it reads from the API per binding per pod. A binding of
+# each shared policy that matches no object keeps the informer running whatever the policies' own
+# bindings do (the validating and the mutating plugin each count only their own bindings, and
+# share the one informer, which either may stop).
+KEEP_ALIVE_SUFFIX = "-keep-alive"
+KEEP_ALIVE_NAMES = {key: name + KEEP_ALIVE_SUFFIX for key, name in SHARED_NAMES.items()}
+# No object carries a label and lacks it: the binding judges nothing, so it never reads its
+# parameters either; were it edited to match, it would find none and, with Allow, judge nothing.
+_NO_OBJECT = {"matchExpressions": [{"key": POLICY_LABEL, "operator": "Exists"},
+                                   {"key": POLICY_LABEL, "operator": "DoesNotExist"}]}
+# A name no policy's parameters have (theirs end in -dropins), where only administrators write.
+_NO_PARAMETERS = {"name": "kata-sizing-keep-alive", "namespace": "kube-system", "parameterNotFoundAction": "Allow"}
 
 
 def validations() -> dict[str, list[dict]]:
@@ -604,10 +632,11 @@ _PARAM_KIND = {"apiVersion": "v1", "kind": "ConfigMap"}
 
 
 def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, dict]]:
-    """(apiVersion, kind, name, spec) of the shared admission policies: the two
+    """(apiVersion, kind, name, spec) of the shared admission objects: the two
     ValidatingAdmissionPolicies (one per rule: a binding's action applies to every validation of
-    its policy) and, unless routing is Webhook, the MutatingAdmissionPolicy that routes. The same
-    for every KataSizingPolicy; nothing in them is a policy's figure."""
+    its policy) and, unless routing is Webhook, the MutatingAdmissionPolicy that routes; then the
+    keep-alive binding of each (KEEP_ALIVE_NAMES). The same for every KataSizingPolicy; nothing in
+    them is a policy's figure."""
     # Each expression converted once; the objects share them (render_admission copies).
     variables = _requote(cel_variables())
     checks = cast(dict[str, list[dict]], _requote(validations()))  # the same shape, requoted
@@ -644,7 +673,17 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
             # the RuntimeClass plugin sets overhead and scheduling for the routed class.
             "reinvocationPolicy": "Never",
         }))
-    return specs
+    return specs + [_keep_alive_binding(api_version, kind, name) for api_version, kind, name, _ in specs]
+
+
+def _keep_alive_binding(api_version: str, policy_kind: str, policy_name: str) -> tuple[str, str, str, dict]:
+    """The binding of a shared policy that judges nothing and keeps its paramKind's informer
+    running (KEEP_ALIVE_NAMES). Audit: the mildest action, were it ever to judge."""
+    spec: dict = {"policyName": policy_name, "paramRef": dict(_NO_PARAMETERS),
+                  "matchResources": _match_resources(object_selector=_NO_OBJECT)}
+    if policy_kind == "ValidatingAdmissionPolicy":
+        spec["validationActions"] = ["Audit"]
+    return api_version, f"{policy_kind}Binding", f"{policy_name}{KEEP_ALIVE_SUFFIX}", spec
 
 
 def binding_specs(sizing: PolicySizing, params_name: str) -> list[tuple[str, str, str, dict]]:
