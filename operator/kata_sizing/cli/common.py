@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from ..core import bounded
 from ..core.bounded import InputError
 from ..core.model import KataSizingPolicy, PolicyError, parse_policy, policy_set_problems
 from ..core.quantity import QuantityError
+
+T = TypeVar("T")
 
 # Exit codes: 0 ok, 1 the policy (or the audited install) breaks a rule, 2 the input cannot be read.
 EXIT_OK = 0
@@ -96,11 +99,12 @@ def checked_flag(option: str, text: str | None) -> str | None:
         raise PolicyError([str(exc)]) from None
 
 
-def quantity_flag(option: str, text: str | None, parse) -> object:
-    if checked_flag(option, text) is None:
+def quantity_flag(option: str, text: str | None, parse: Callable[[str], T]) -> T | None:
+    checked = checked_flag(option, text)
+    if checked is None:
         return None
     try:
-        return parse(text)
+        return parse(checked)
     except QuantityError as exc:
         raise PolicyError([f"{option}: {exc}"]) from None
 

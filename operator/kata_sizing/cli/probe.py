@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..core.calibrate import PROBE_COLUMNS
     from ..core.probe import (
         KATA_ROOT,
+        TCG_TB_SIZE_MIB,
         ProbeError,
         VmmPaths,
         config_candidates,
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 if problem:
                     raise ProbeError(f"VM of {point.vm.memory_mib} MiB (class {point.class_name}): {problem}"
                                      + (f" within {args.timeout:g} s" if result.exit_code is None else ""))
-                rows.append(probe_row(point, result.report, result.host, args.node))
+                rows.append(probe_row(point, result.report, result.host, args.node, accelerator))
                 print(f"note: {describe_row(point, result.report, result.host, accelerator)}", file=sys.stderr)
     except ProbeError as exc:
         raise InputError(str(exc)) from None
@@ -108,8 +109,11 @@ def run(args: argparse.Namespace) -> int:
         "Guest side: MemTotal and used as `free` gives them at boot, workload_allocated_mib what a process could "
         "allocate and touch before the guest refused it; host side: the VMM's cgroup peak "
         "(pod_cgroup_memory_current_bytes, once the VM was fully resident) and peak resident memory.",
-        *(["Under TCG the host side holds QEMU's translation cache (tb-size=64 MiB), which KVM does not have."]
+        *([f"Under TCG the host side holds QEMU's translation cache (tb-size={TCG_TB_SIZE_MIB} MiB), which KVM does "
+           "not have; the rows say so (accelerator, tcg_tb_size_mib) and calibrate takes it into account."]
           if accelerator == "tcg" else []),
+        "The guest is the node's kernel with the probe's init (guest kernel-only: no Kata agent) and the host side "
+        "QEMU's alone (host_processes vmm): calibrate adds stated defaults for the agent, virtiofsd and the shim.",
         f"Fit with: kata-sizing calibrate THIS.csv --policy {args.policy}",
     ], columns=(*COLUMNS, *PROBE_COLUMNS)))
     return EXIT_OK

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 def _saved_summaries(args: argparse.Namespace) -> list[tuple[str, object]]:
     """The Summaries, one per node: a file given twice is read once (said), two files of one node
     are refused (which one is the node's?)."""
-    found, paths_of = [], {}
+    found: list[tuple[str, object]] = []
+    paths_of: dict[str, str] = {}
     for path in args.summary:
         if path in paths_of.values():
             print(f"note: {bounded.printable(path)} is given twice; it is read once", file=sys.stderr)
