@@ -468,7 +468,10 @@ def parse_samples_csv(text: str) -> list[Sample]:
 
     The first line that is neither blank nor a `#` comment is the header. Columns are
     matched case-insensitively, either as `vm_nominal_mib` or as the survey table's
-    wording ("VM nominal"); `pod_cgroup_memory_current_bytes` is optional per row.
+    wording ("VM nominal"); `pod_cgroup_memory_current_bytes` is optional per row. A later
+    line that names columns and holds no number is a header too: the rows after it are read by
+    it, so a probe's CSV and a survey's, each with its own columns, can be given as one text
+    (`cat probe.csv survey.csv`).
     """
     lines = [
         (number, line)
@@ -492,6 +495,12 @@ def parse_samples_csv(text: str) -> list[Sample]:
     problems: list[str] = []
     for number, line in lines[1:]:
         cells = _cells(line)
+        if _is_header(cells):
+            header_line = number
+            columns, header_problems = _parse_header(header_line, line)
+            if header_problems:
+                raise CalibrationError(problems + header_problems)
+            continue
         if len(cells) != len(columns):
             problems.append(
                 f"line {number}: has {len(cells)} fields, the header (line {header_line}) "
@@ -569,6 +578,13 @@ def _text(column: str, text: str) -> tuple[str | None, str | None]:
     if problem:
         return None, f"{column}: {problem}"
     return text, None
+
+
+def _is_header(cells: list[str]) -> bool:
+    """A line naming columns: one cell at least is a column's name, and none is a number (every row
+    has one, its container_limit_mib)."""
+    return (any(_normalise_header(cell) in _ALIASES for cell in cells)
+            and not any(_NUMBER.fullmatch(cell) for cell in cells))
 
 
 def _kind_text(column: str, text: str) -> tuple[str | None, str | None]:
@@ -659,8 +675,10 @@ class Fit:
     # point, (vm_nominal_mib, host MiB) per row that gave a host side.
     guest_points: tuple[tuple[Decimal, Decimal], ...] = ()
     host_points: tuple[tuple[Decimal, Decimal], ...] = ()
-    # The exact host side the rows give (host_mib is it rounded up), None when none gives one.
+    # The exact host side the rows give (host_mib is it rounded up), None when none gives one; of it, what
+    # stated defaults stand for (host processes the row that gave it did not count).
     host_exact_mib: Fraction | None = None
+    host_assumed_mib: int = 0
     # Each part of the pod's memory: which rows saw it, what stands in where they did not.
     parts: tuple[PartSource, ...] = ()
     # How the host side was made up: the row that gave the largest, what it counted and what was added.
@@ -677,11 +695,13 @@ class Fit:
 
     @property
     def host_with_margin_mib(self) -> int | None:
-        """The host side with the margin, rounded up: a pod holding exactly the largest host side
-        measured would otherwise have no headroom at all."""
+        """The host side with the margin on what was measured, rounded up: a pod holding exactly the
+        largest host side measured would otherwise have no headroom at all. A stated default is a bound
+        already and is added as it is."""
         if self.host_exact_mib is None:
             return None
-        return math.ceil(self.host_exact_mib * (1 + Fraction(self.margin)))
+        measured = self.host_exact_mib - self.host_assumed_mib
+        return math.ceil(measured * (1 + Fraction(self.margin)) + self.host_assumed_mib)
 
     def overhead_block(self) -> dict[str, str]:
         """The policy's `spec.overhead` fields, ready to paste (checked_overhead_block says whether a
@@ -777,8 +797,12 @@ class HostReading:
         return tuple(p for p in HOST_PARTS if p not in self.seen)
 
     @property
+    def assumed_mib(self) -> int:
+        return sum(ASSUMED_PARTS[p][0] for p in self.assumed)
+
+    @property
     def estimate_mib(self) -> Fraction:
-        return self.measured_mib + sum(ASSUMED_PARTS[p][0] for p in self.assumed)
+        return self.measured_mib + self.assumed_mib
 
 
 def host_reading(sample: Sample, where: str) -> tuple[HostReading | None, str | None]:
@@ -894,7 +918,9 @@ def fit_overhead(
             readings.append(reading)
         elif why is not None:
             unused.setdefault(why, []).append(where)
-    largest = max(readings, key=lambda r: r.estimate_mib) if readings else None
+    # The row whose host side needs the most hostMemory: the margin goes on what it measured.
+    largest = max(readings, key=lambda r: r.measured_mib * (1 + Fraction(margin)) + r.assumed_mib,
+                  default=None)
     host_exact = largest.estimate_mib if largest is not None else None
     measured_host = math.ceil(host_exact) if host_exact is not None else None
     host_points = tuple((r.sample.vm_nominal_mib, _decimal(r.estimate_mib)) for r in readings)
@@ -954,6 +980,7 @@ def fit_overhead(
         guest_points=tuple((Decimal(s.vm_nominal_mib), _decimal(y)) for s, y in guest),
         host_points=host_points,
         host_exact_mib=host_exact,
+        host_assumed_mib=0 if largest is None else largest.assumed_mib,
         parts=_parts(samples, wheres, guest_rows, readings),
         host_basis=None if largest is None else _host_basis(largest),
     )

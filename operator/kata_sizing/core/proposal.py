@@ -260,9 +260,8 @@ def _kept(before: ClassSizing, after: ClassSizing, fit: Fit) -> tuple[str, ...]:
     vm = after.largest_vm.memory_mib
     if not lowered or vm <= fit.largest_vm_mib:
         return ()
-    return (f"its largest VM ({vm} MiB) is beyond the largest VM the rows measured "
-            f"({_plain(fit.largest_vm_mib)} MiB): its {' and '.join(lowered)} would be lowered on a line "
-            "extrapolated past the data, so both keep their values",)
+    return (f"its largest VM, {vm} MiB as refitted, lies beyond the rows' largest ({_plain(fit.largest_vm_mib)} "
+            f"MiB): its {' and '.join(lowered)} would be lowered on a line extrapolated past the data",)
 
 
 def _pin(before: ClassSizing, after: ClassSizing, runtime: Runtime) -> dict:
