@@ -9,9 +9,11 @@ inside a guest. Guests run under TCG on these machines (KVM_CREATE_VM works, a K
 hangs): the host side includes TCG's translation cache, which KVM has not (docs/probe.md).
 
 - `kata-sizing probe` boots the node's QEMU and kernel at the test policy's VM sizes and its rows
-  feed `calibrate`; the calibrated policy's largest pod of each class allocates its whole memory
-  limit inside its VM, with no OOM kill, and the operator's status.measurement agrees with the
-  pod cgroups' own figures.
+  (which say tcg, the probe's kernel-only guest and QEMU alone) feed `calibrate`; the calibrated
+  policy's largest pod of each class allocates its whole memory limit inside its VM, with no OOM
+  kill, and the operator's status.measurement agrees with the pod cgroups' own figures. calibrate
+  takes no host side from TCG rows (no KVM node has their translation cache); these pods run QEMU
+  under TCG as the probe did, so the test gives the policy the probe's own host side.
 - A policy whose podFixed is below what the probe measured: the operator's HeadroomLow comes
   first (QEMU is paused just under the warning line until the event is posted), then the kernel
   OOM-kills the VMM in the pod cgroup and the pod shows the kill.
@@ -22,6 +24,7 @@ hangs): the host side includes TCG's translation cache, which KVM has not (docs/
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -29,11 +32,13 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kata_sizing.core.calibrate import parse_samples_csv
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.probe import VmmPaths, kernel_command_line, parse_console, vm_command
 from kata_sizing.core.quantity import MIB
@@ -117,10 +122,20 @@ def calibrated(real_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Cal
     accelerator = "kvm" if " under kvm " in probed.stdout.splitlines()[0] else "tcg"
     csv_path = workdir / "probe.csv"
     csv_path.write_text(probed.stdout)
+    rows = parse_samples_csv(probed.stdout)
+    assert {(r.accelerator, r.guest, r.host_processes) for r in rows} == {(accelerator, "kernel-only", "vmm")}
     fitted = cli(real_node.cp, "calibrate", csv_path, "--policy", policy_file, "-o", "json")
     assert fitted.returncode == 0, fitted.stderr
-    overhead = json.loads(fitted.stdout)["overhead"]
-    return Calibrated(accelerator, probed.stdout, overhead, policy_body(overhead=overhead))
+    report = json.loads(fitted.stdout)
+    overhead = report["overhead"]
+    if "hostMemory" not in overhead:
+        # TCG with tb-size=64: calibrate proposes no host side (the parts say so). These pods hold QEMU
+        # alone under TCG, as the probe's VMs did: their host side is the probe's, with the margin.
+        assert "measured" not in {p["part"]: p for p in report["parts"]}["VMM"], report["parts"]
+        host = max(r.host_mib for r in rows if r.host_mib is not None)
+        overhead["hostMemory"] = f"{math.ceil(host * (1 + Fraction(overhead['margin'])))}Mi"
+    classes = {"classes": report["specClasses"]} if "specClasses" in report else {}
+    return Calibrated(accelerator, probed.stdout, overhead, policy_body(overhead=overhead, **classes))
 
 
 # --- a pod whose container runs the VM its class gives it ------------------------------------------
@@ -258,9 +273,12 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
     # podFixed = the guest budget plus two thirds of the host side the probe measured: the guest
     # boots, and its workload takes the VMM over the pod cgroup's limit.
     low = s.guest_budget_mib + host_mib * 2 // 3
+    # The warning line is a share of what podFixed holds beyond the guest budget (2/3 of the host side):
+    # 30% of it leaves the VM paused well short of the kill.
     body = policy_body(overhead=calibrated.overhead, classes=[{
         **CLASSES[0], "overheadMemory": f"{s.guest_budget_mib}Mi", "defaultMemory": FALLBACK["memory"],
-        "podFixed": {"cpu": "250m", "memory": f"{low}Mi"}}])
+        "podFixed": {"cpu": "250m", "memory": f"{low}Mi"}}],
+        measurement={"intervalSeconds": INTERVAL_S, "windowSeconds": 600, "headroomWarning": "30%"})
     real_operator.start()
     cp.apply(body)
     wait_observed(cp, POLICY, timeout=60, Ready="True")
@@ -274,7 +292,7 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
     cgroup = real_node.pod_cgroup(pod)
     limit = int((cgroup / "memory.limit_in_bytes").read_text())
     assert limit == (limit_mib + low) * MIB
-    warning_line = low * MIB // 10  # the policy's default headroomWarning: 10% of podFixed.memory
+    warning_line = (low - s.guest_budget_mib) * MIB * 3 // 10  # headroomWarning 30%: of podFixed beyond the budget
     pid = poll(lambda: qemu_pid(real_node, pod), 10, "QEMU in the pod cgroup", interval=0.1)
 
     def under_the_line() -> bool:
