@@ -314,8 +314,10 @@ def test_the_lowering_rule(rows, expected):
         was = before[c.name]
         pod_fixed = int(c.pod_fixed["memory"][:-2])
         if c.kept:
-            # Beyond the data: neither value goes down (podFixed may go up with hostMemory).
+            # Beyond the data: neither value goes down (podFixed may go up with hostMemory), and podFixed holds
+            # at least the proposed hostMemory beyond the kept guest budget.
             assert c.extrapolated and c.guest_budget_mib >= was.guest_budget_mib and pod_fixed >= was.pod_fixed_memory_mib
+            assert pod_fixed - c.guest_budget_mib >= proposal.host_memory_mib
             found[c.name] = "kept"
         else:
             # Lowered only within the data.

@@ -241,8 +241,11 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         assert oom_kills(real_node.pod_cgroup(pod)) == 0, name
 
     # The operator's measurement agrees with each pod cgroup's own figures, once it has read
-    # them after every workload held its limit (a reading from before is of a smaller VM).
+    # them after every workload held its limit (a reading from before is of a smaller VM). Under TCG
+    # QEMU still grows a little after that (its translation cache), and the kubelet's figure lags the
+    # cgroup by up to 15 s: a reading within the tolerance comes once it has settled.
     filled = datetime.now(UTC).replace(microsecond=0)
+    last: dict = {}
 
     def agreed() -> dict | None:
         found = {}
@@ -255,8 +258,12 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
             cgroup = real_node.pod_cgroup(cp.get(real_node.pod_path(body)))
             limit = int((cgroup / "memory.limit_in_bytes").read_text())
             found[name] = (measured, limit - working_set_bytes(cgroup), limit)
+        last.update(found)
+        if any(abs(m["minHeadroomBytes"] - h) > TOLERANCE_MIB * MIB for m, h, _ in found.values()):
+            return None
         return found
-    found = poll(agreed, 4 * INTERVAL_S, "status.measurement for every class", interval=1)
+    found = poll(agreed, 6 * INTERVAL_S, lambda: f"status.measurement for every class, within {TOLERANCE_MIB} MiB "
+                 f"of the cgroups': {last}", interval=1)
     for name, (measured, headroom_bytes, limit) in found.items():
         pod_fixed = sizing.class_named(name).pod_fixed_memory_mib
         assert limit == (pods[name][2] + pod_fixed) * MIB, (name, limit)
@@ -284,10 +291,13 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
     wait_observed(cp, POLICY, timeout=60, Ready="True")
     limit_mib = s.envelope_memory_mib
     vm = explain_pod(calibrated.sizing(body), "s", s.envelope_cpu, limit_mib * MIB).vm
-    # One MiB at a time, 20 ms apart: the test sees the pod cross its warning line and pauses it.
+    # One MiB at a time, 20 ms apart, until the guest refuses: the guest budget holds room for a Kata
+    # agent this guest has not (a kernel-only guest's rows get the guest userland's default), so the VM
+    # fills only once the workload takes that too. The test sees the pod cross its warning line and
+    # pauses it.
     pod_body = vm_pod(real_node, "vm-low", node_namespace, "s", cpu=str(s.envelope_cpu), memory_mib=limit_mib, vm=vm,
                       accelerator=calibrated.accelerator,
-                      command_line=kernel_command_line(limit_mib, step_mib=1, step_ms=20, linger=True))
+                      command_line=kernel_command_line(0, step_mib=1, step_ms=20, linger=True))
     pod = real_node.run_pod(pod_body, timeout=60)
     cgroup = real_node.pod_cgroup(pod)
     limit = int((cgroup / "memory.limit_in_bytes").read_text())
@@ -303,7 +313,7 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
     try:
         paused_headroom = limit - working_set_bytes(cgroup)
         assert 0 < paused_headroom < warning_line, paused_headroom
-        # The workload is still short of its limit: what the pod cgroup lacks is the host side.
+        # The workload is still allocating inside its VM: what the pod cgroup lacks is the host side.
         print(f"paused {paused_headroom / MIB:.1f} MiB under the limit: {console(real_node, pod)[-300:]!r}")
         paused = parse_console(console(real_node, pod))
         assert paused.outcome is None, paused

@@ -933,8 +933,9 @@ def fit_overhead(
             "give the policy (--policy, its hostMemory is used) or --host-memory"
             + "".join(f"; {note}" for note in notes)
         )
-    guest_rows = [i for i, s in enumerate(samples) if _guest_point(s, host_for_points) is not None]
-    guest = [(samples[i], y) for i in guest_rows if (y := _guest_point(samples[i], host_for_points)) is not None]
+    by_row = [(i, y) for i, s in enumerate(samples) if (y := _guest_point(s, host_for_points)) is not None]
+    guest_rows = [i for i, _ in by_row]
+    guest = [(samples[i], y) for i, y in by_row]
     resident_only = [s for s in kubelet_only if s.resident]
     if resident_only:
         notes.append(

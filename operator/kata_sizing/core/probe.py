@@ -230,9 +230,9 @@ class HostFigures:
 
 # What the probe's VM is (vm_command): the node's kernel with the probe's own init (no Kata agent), QEMU
 # alone in its cgroup, its consoles on the ISA serial port and virtio-serial (calibrate.KIND_COLUMNS).
-PROBE_GUEST = "kernel-only"
-PROBE_HOST_PROCESSES = "vmm"
-PROBE_DEVICES = "serial+virtio-console"
+GUEST_BOOTED = "kernel-only"
+HOST_PROCESSES_COUNTED = "vmm"
+VM_DEVICES = "serial+virtio-console"
 # QEMU's translation cache under TCG (MiB): in the VMM's host side, absent under KVM.
 TCG_TB_SIZE_MIB = 64
 
@@ -259,9 +259,9 @@ def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: s
         class_name=point.class_name,
         accelerator=accelerator,
         tcg_tb_size_mib=TCG_TB_SIZE_MIB if accelerator == "tcg" else None,
-        guest=PROBE_GUEST,
-        host_processes=PROBE_HOST_PROCESSES,
-        devices=PROBE_DEVICES,
+        guest=GUEST_BOOTED,
+        host_processes=HOST_PROCESSES_COUNTED,
+        devices=VM_DEVICES,
     )
 
 

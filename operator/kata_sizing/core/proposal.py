@@ -24,7 +24,8 @@ The lowering rule (docs/sizing-model.md, "What a proposal may lower"): each part
 comes from rows that saw it or from a stated default (calibrate.fit_overhead, Fit.parts); a host side
 no row measured stays the policy's hostMemory. A class's podFixed or guest budget is lowered only when
 its largest VM (as the proposal sizes it) lies within the measured VMs; otherwise the class keeps both
-(the larger of its current and its proposed values), set on the class as explicit values (`pin`), and
+(its guest budget the larger of its current and proposed one, its podFixed the larger of its current
+one and the proposed one moved up with that budget), set on the class as explicit values (`pin`), and
 the proposal says why.
 """
 
@@ -265,13 +266,14 @@ def _kept(before: ClassSizing, after: ClassSizing, fit: Fit) -> tuple[str, ...]:
 
 
 def _pin(before: ClassSizing, after: ClassSizing, runtime: Runtime) -> dict:
-    """The class fields that keep its values: the larger of its current and proposed guest budget and
-    podFixed.memory (podFixed stays above the guest budget: each was above its own)."""
+    """The class fields that keep its values: the larger of its current and proposed guest budget, and
+    podFixed the larger of its current value and the proposed one moved up with the guest budget, so
+    what podFixed holds beyond the guest budget (the host side's share, which its pods' headroom and
+    warning line are checked against) is at least the proposal's."""
     budget = max(before.guest_budget_mib, after.guest_budget_mib)
+    pod_fixed = max(before.pod_fixed_memory_mib, after.pod_fixed_memory_mib + budget - after.guest_budget_mib)
     field = "defaultMemory" if runtime is Runtime.GO else "overheadMemory"
-    return {field: format_mib(budget), "podFixed": {
-        "cpu": after.pod_fixed["cpu"], "memory": format_mib(max(before.pod_fixed_memory_mib,
-                                                                 after.pod_fixed_memory_mib))}}
+    return {field: format_mib(budget), "podFixed": {"cpu": after.pod_fixed["cpu"], "memory": format_mib(pod_fixed)}}
 
 
 def _refuted(sized: ClassSizing, runtime: Runtime, fit: Fit) -> tuple[str, ...]:
