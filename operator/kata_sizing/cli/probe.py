@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
            "not have; the rows say so (accelerator, tcg_tb_size_mib) and calibrate takes it into account."]
           if accelerator == "tcg" else []),
         "The guest is the node's kernel with the probe's init (guest kernel-only: no Kata agent) and the host side "
-        "QEMU's alone (host_processes vmm): calibrate adds stated defaults for the agent, virtiofsd and the shim.",
+        "QEMU's alone (host_processes vmm): calibrate says which parts of a pod these rows cannot see and where it "
+        "takes them from.",
         f"Fit with: kata-sizing calibrate THIS.csv --policy {args.policy}",
     ], columns=(*COLUMNS, *PROBE_COLUMNS)))
     return EXIT_OK
