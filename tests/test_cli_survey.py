@@ -72,13 +72,16 @@ def test_survey_from_saved_summaries_writes_calibrates_csv(capsys, saved):
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == "# kata-sizing survey of policy qemu-rs: 5 pod(s) on 2 node(s), from saved Summaries."
-    assert lines[3] == ("node,pod,class,container_limit_mib,vm_nominal_mib,free_total_mib,free_used_mib,"
-                        "pod_cgroup_memory_current_bytes,pod_working_set_bytes,containers_working_set_bytes,"
-                        "pod_cgroup_limit_bytes")
+    assert lines[3] == ("node,pod,class,accelerator,guest,host_processes,devices,container_limit_mib,vm_nominal_mib,"
+                        "free_total_mib,free_used_mib,pod_cgroup_memory_current_bytes,pod_working_set_bytes,"
+                        "containers_working_set_bytes,pod_cgroup_limit_bytes")
     rows = parse_samples_csv(out)
     assert sorted(r.pod for r in rows) == [f"fleet/app-{i}" for i in range(5)]
     first = next(r for r in rows if r.pod == "fleet/app-0")
     assert (first.node, first.class_name, first.container_limit_mib) == ("kata-0", "s", 256)
+    # What it measured: a live Kata pod, its shim, VMM and virtiofsd in the pod cgroup (sandboxCgroupOnly).
+    assert (first.accelerator, first.guest, first.host_processes, first.devices) == ("kvm", "kata-pod", "kata-pod",
+                                                                                    "kata")
     assert first.vm_nominal_mib == 256 + SIZING.class_named("s").overhead_memory_mib
     spec = next(p for p in yaml.safe_load(saved["pods"].read_text())["items"] if p["metadata"]["name"] == "app-0")
     assert first.pod_working_set_bytes - first.containers_working_set_bytes == true_overhead(spec).overhead_bytes

@@ -134,6 +134,11 @@ FRAGMENTS = [
     b"customRuntimes: {enabled: true, runtimes: {x: {baseConfig: qemu, runtimeClass: 'handler: x'}}}\n",
     b"container_limit_mib,vm_nominal_mib,free_total_mib,free_used_mib\n", b"50,306,197,27\n",
     b"\"" + b"9" * 300 + b"\"", b",,,,", b"\"a,b", b"1.5,2.5,1,0\n",
+    # What a row measured (calibrate's kind columns), and a second header starting rows of other columns.
+    b"accelerator,guest,host_processes,devices,tcg_tb_size_mib,tcg_cache_resident_bytes,",
+    b"container_limit_mib,vm_nominal_mib,free_total_mib,free_used_mib,pod_cgroup_memory_current_bytes\n",
+    b"tcg,kernel-only,vmm,serial+virtio-console,64,,", b"kvm,kata-pod,kata-pod,kata,,,", b"vmm+virtiofsd",
+    b"kata-image", b"serial+serial", b"+", b"tcg,", b"0,", b"4097,", b"50,306,197,27,1099511627776\n",
 ]
 hostile_bytes = st.one_of(
     st.binary(max_size=400),

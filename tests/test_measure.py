@@ -319,15 +319,19 @@ def test_malformed_pod_entries_are_skipped_and_said():
 # --- the threshold -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, pod_fixed, expected", [
-    ("10%", 358 * MIB, math.ceil(358 * MIB / 10)),
-    ("0%", 358 * MIB, 0),
-    ("12.5%", 200 * MIB, 25 * MIB),
-    ("64Mi", 358 * MIB, 64 * MIB),
-    ("100000000", 1, 100000000),
+@pytest.mark.parametrize("text, pod_fixed, guest_budget, expected", [
+    # A share of what podFixed holds beyond the guest budget: 358 - 308 = 50 MiB, 10% of it.
+    ("10%", 358 * MIB, 308 * MIB, 5 * MIB),
+    ("10%", 377 * MIB, 0, math.ceil(377 * MIB / 10)),
+    ("0%", 358 * MIB, 308 * MIB, 0),
+    ("12.5%", 200 * MIB, 0, 25 * MIB),
+    # podFixed under the guest budget (validate refuses it): no share, no line.
+    ("50%", 100 * MIB, 200 * MIB, 0),
+    ("64Mi", 358 * MIB, 308 * MIB, 64 * MIB),
+    ("100000000", 1, 0, 100000000),
 ])
-def test_thresholds(text, pod_fixed, expected):
-    assert HeadroomThreshold.parse(text).bytes_for(pod_fixed) == expected
+def test_thresholds(text, pod_fixed, guest_budget, expected):
+    assert HeadroomThreshold.parse(text).line_bytes(pod_fixed, guest_budget) == expected
 
 
 @pytest.mark.parametrize("text, message", [
@@ -455,7 +459,8 @@ def test_a_pod_with_neither_figure_adds_nothing():
 
 # --- the fleet's state -------------------------------------------------------------------------
 
-THRESHOLDS = {c: (HeadroomThreshold(), 358 * MIB) for c in KATA}
+# Classes whose podFixed (358 MiB) holds 200 MiB beyond their guest budget: a line of 20 MiB.
+THRESHOLDS = {c: (HeadroomThreshold(), 358 * MIB, 158 * MIB) for c in KATA}
 WINDOWS = {c: 3600.0 for c in KATA}
 
 
@@ -466,13 +471,13 @@ def test_the_state_counts_pods_per_class_and_lists_the_ones_under_threshold():
     assert state.pods_measured("kata-qemu-rs-s") == 2  # starting-0 (no figures yet) and notebook-0
     assert state.pods_without_limit("kata-qemu-rs-s") == 1
     low = state.low_headroom(KATA)
-    # batch: 5 MiB left against 10% of its own podFixed (200Mi): 20 MiB.
+    # batch: 5 MiB left against its class's line, 10% of the 200 MiB podFixed holds beyond the guest budget.
     assert [(p.pod, p.headroom_bytes, p.threshold_bytes) for p in low] == [
         ("jobs/batch-8h2kd", (2048 + 64 + 200) * MIB - 2419064832, 20 * MIB)]
     message = low[0].message("l", HeadroomThreshold())
     assert message == ("pod jobs/batch-8h2kd (class l) on node kata-node-1: working set 2307.0Mi of its cgroup "
-                       "limit 2312.0Mi leaves 5.0Mi, under 20.0Mi (10% of podFixed.memory): its VMM is close "
-                       "to an OOM kill")
+                       "limit 2312.0Mi leaves 5.0Mi, under 20.0Mi (10% of podFixed.memory beyond the guest budget): its "
+                       "VMM is close to an OOM kill")
 
 
 def test_the_warning_clears_when_the_next_reading_shows_headroom_and_stays_while_the_node_is_silent():
@@ -490,7 +495,7 @@ def test_the_warning_clears_when_the_next_reading_shows_headroom_and_stays_while
 
 def test_a_class_not_measured_is_ignored_and_a_fixed_threshold_applies_to_every_pod():
     state = MeasurementState()
-    thresholds = {"kata-qemu-rs-m": (HeadroomThreshold.parse("300Mi"), 358 * MIB)}
+    thresholds = {"kata-qemu-rs-m": (HeadroomThreshold.parse("300Mi"), 358 * MIB, 308 * MIB)}
     state.add_reading(reading(), 1000.0, {"kata-qemu-rs-m": 60.0}, thresholds)
     assert set(state.windows) == {"kata-qemu-rs-m"}
     assert [p.pod for p in state.low_headroom(KATA)] == ["shop/web-7d9c4b8f6d-x2lqk"]  # 276.5Mi < 300Mi
@@ -560,5 +565,5 @@ def test_pods_not_measured_are_counted_per_class():
     reading = read_summary(document, "n1", pods)
     assert reading.not_reported == ("ns/c",) and reading.not_reported_runtime_classes == ("kata-x-s",)
     state = MeasurementState()
-    state.add_reading(reading, 0.0, {"kata-x-s": 600.0}, {"kata-x-s": (HeadroomThreshold(), 300 * MIB)})
+    state.add_reading(reading, 0.0, {"kata-x-s": 600.0}, {"kata-x-s": (HeadroomThreshold(), 300 * MIB, 250 * MIB)})
     assert state.pods_measured("kata-x-s") == 2 and state.pods_not_measured("kata-x-s") == 2

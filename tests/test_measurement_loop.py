@@ -40,7 +40,7 @@ def summary(node: str) -> dict:
 
 
 def policy() -> MeasuredPolicy:
-    return MeasuredPolicy(name="p", ref={}, classes={"kata-p-s": ("s", 400 * MIB)}, interval_s=INTERVAL_S,
+    return MeasuredPolicy(name="p", ref={}, classes={"kata-p-s": ("s", 400 * MIB, 350 * MIB)}, interval_s=INTERVAL_S,
                           window_s=600.0, threshold=HeadroomThreshold(), threshold_text="10%")
 
 

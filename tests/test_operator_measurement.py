@@ -100,10 +100,11 @@ def start(cluster, **measurement) -> None:
     wait_observed(cluster.emu, "qemu-rs", timeout=20, Ready="True")
 
 
-def pod_fixed_mib(emu, class_name: str) -> int:
+def pod_fixed_mib(emu, class_name: str, field: str = "podFixed") -> int:
     for found in status(emu, "qemu-rs")["classes"]:
         if found["name"] == class_name:
-            return int(found["podFixed"]["memory"].removesuffix("Mi"))
+            value = found[field]["memory"] if field == "podFixed" else found[field]
+            return int(value.removesuffix("Mi"))
     raise AssertionError(class_name)
 
 
@@ -146,29 +147,31 @@ def test_a_pod_close_to_its_limit_raises_the_warning_and_it_clears(cluster):
     fleet = Fleet(emu)
     fleet.add_node("n1")
     start(cluster)
-    s_fixed = pod_fixed_mib(emu, "s")
+    s_fixed, s_budget = pod_fixed_mib(emu, "s"), pod_fixed_mib(emu, "s", "overheadMemory")
+    # The line: 10% of what podFixed holds beyond the guest budget (the host side's share: 50 MiB).
+    line_mib = (s_fixed - s_budget) / 10
     fleet.add_pod("s-0", "n1", "kata-qemu-rs-s", "512Mi", f"{s_fixed}Mi", Figures(300 * MIB, 100 * MIB))
     wait_for(lambda: measured_class(emu, "qemu-rs", "s").get("samples"), 20)
     assert event_messages(emu, "HeadroomLow") == []
-    # The VMM grows: 10 MiB short of the cgroup limit, under 10% of podFixed.
-    fleet.figures["s-0"] = Figures(500 * MIB, (12 + s_fixed - 10) * MIB)
+    # The VMM grows: 3 MiB short of the cgroup limit, under the line.
+    fleet.figures["s-0"] = Figures(500 * MIB, (12 + s_fixed - 3) * MIB)
     low = wait_for(lambda: event_messages(emu, "HeadroomLow", "Warning"), 20)
-    assert low == [f"pod fleet/s-0 (class s) on node n1: working set {512 + s_fixed - 10:.1f}Mi of its cgroup limit "
-                   f"{512 + s_fixed:.1f}Mi leaves 10.0Mi, under {s_fixed / 10:.1f}Mi (10% of podFixed.memory): its VMM "
-                   "is close to an OOM kill"]
+    assert low == [f"pod fleet/s-0 (class s) on node n1: working set {512 + s_fixed - 3:.1f}Mi of its cgroup limit "
+                   f"{512 + s_fixed:.1f}Mi leaves 3.0Mi, under {line_mib:.1f}Mi (10% of podFixed.memory beyond the guest "
+                   "budget): its VMM is close to an OOM kill"]
     listed = wait_for(lambda: status(emu, "qemu-rs")["measurement"]["underThreshold"], 20)
     valid_status(emu, "qemu-rs")
-    assert [(p["pod"], p["class"], p["headroomBytes"]) for p in listed] == [("fleet/s-0", "s", 10 * MIB)]
+    assert [(p["pod"], p["class"], p["headroomBytes"]) for p in listed] == [("fleet/s-0", "s", 3 * MIB)]
     assert metric("kata_sizing_pods_headroom_low", policy="qemu-rs", **{"class": "s"}) == 1
-    assert metric("kata_sizing_pod_headroom_min_bytes", policy="qemu-rs", **{"class": "s"}) == 10 * MIB
+    assert metric("kata_sizing_pod_headroom_min_bytes", policy="qemu-rs", **{"class": "s"}) == 3 * MIB
     # It shrinks again: the warning clears.
     fleet.figures["s-0"] = Figures(300 * MIB, 100 * MIB)
     cleared = wait_for(lambda: event_messages(emu, "HeadroomRecovered", "Normal"), 20)
-    assert cleared == [f"pod fleet/s-0 (class s) on node n1: headroom no longer under {s_fixed / 10:.1f}Mi (10%)"]
+    assert cleared == [f"pod fleet/s-0 (class s) on node n1: headroom no longer under {line_mib:.1f}Mi (10%)"]
     wait_for(lambda: status(emu, "qemu-rs")["measurement"]["underThreshold"] == [], 20)
     assert metric("kata_sizing_pods_headroom_low", policy="qemu-rs", **{"class": "s"}) == 0
     # The window still remembers the least headroom seen.
-    assert measured_class(emu, "qemu-rs", "s")["minHeadroomBytes"] == 10 * MIB
+    assert measured_class(emu, "qemu-rs", "s")["minHeadroomBytes"] == 3 * MIB
 
 
 def test_a_failing_node_is_skipped_and_said_without_holding_up_the_others(cluster):

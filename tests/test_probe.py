@@ -80,11 +80,16 @@ def test_a_report_that_cannot_give_a_row_says_why(text, problem):
 
 def test_a_row_reads_back_through_calibrate_with_the_probe_columns():
     point = ProbePoint("s", Decimal(1), 64, Vm(1, 256))  # the VM CONSOLE came from
-    row = probe_row(point, parse_console(CONSOLE), HostFigures(400 * MIB, 300 * MIB), "node-1")
+    row = probe_row(point, parse_console(CONSOLE), HostFigures(400 * MIB, 300 * MIB), "node-1", "tcg")
     text = to_csv([row], ["a comment"], columns=(*COLUMNS, *PROBE_COLUMNS))
     [read] = parse_samples_csv(text)
     assert read == row
     assert (read.workload_allocated_mib, read.vmm_peak_resident_bytes, read.node) == (188, 400 * MIB, "node-1")
+    # What it measured: the node's kernel with the probe's init, QEMU alone, under TCG with its cache.
+    assert (read.accelerator, read.tcg_tb_size_mib, read.guest, read.host_processes, read.devices) == (
+        "tcg", 64, "kernel-only", "vmm", "serial+virtio-console")
+    under_kvm = probe_row(point, parse_console(CONSOLE), HostFigures(400 * MIB, 300 * MIB), "node-1", "kvm")
+    assert (under_kvm.accelerator, under_kvm.tcg_tb_size_mib) == ("kvm", None)
     # What the workload could not have: the larger of free's view and the allocation's.
     assert read.unusable_mib == max(read.vm_nominal_mib - read.free_total_mib + read.free_used_mib,
                                     read.vm_nominal_mib - 188)
@@ -92,8 +97,9 @@ def test_a_row_reads_back_through_calibrate_with_the_probe_columns():
 
 def test_a_cgroup_peak_below_the_vm_says_nothing_of_the_host_side():
     point = ProbePoint("s", Decimal(1), 64, Vm(1, 256))
-    assert probe_row(point, parse_console(CONSOLE), HostFigures(None, 255 * MIB), None).pod_cgroup_memory_current_bytes is None
-    row = probe_row(point, parse_console(CONSOLE), HostFigures(None, 300 * MIB), None)
+    assert probe_row(point, parse_console(CONSOLE), HostFigures(None, 255 * MIB), None,
+                     "kvm").pod_cgroup_memory_current_bytes is None
+    row = probe_row(point, parse_console(CONSOLE), HostFigures(None, 300 * MIB), None, "kvm")
     assert row.pod_cgroup_memory_current_bytes == 300 * MIB
 
 

@@ -446,3 +446,58 @@ def test_survey_takes_exactly_the_names_the_api_server_stores(namespace, name, n
     assert [",".join(cells) for cells in csv.reader(data)] == data
     [back] = parse_samples_csv(text)
     assert (back.node, back.pod) == (node, f"{namespace}/{name}")
+
+
+# --- what a survey row measured (calibrate's kind columns, issue 32) ------------------------------
+
+from kata_sizing.core.calibrate import PROBE_COLUMNS, CalibrationError  # noqa: E402
+from kata_sizing.core.survey import COLUMNS as SURVEY_COLUMNS  # noqa: E402
+
+_DEVICE_WORDS = ["serial", "virtio-console", "virtio-blk", "virtio-scsi", "nvdimm", "vsock", "rng", "virtio-fs",
+                 "virtio-net"]
+_words = st.one_of(st.sampled_from(["", "kvm", "tcg", "KVM", "kata-pod", "kata-image", "kata-initrd", "kernel-only",
+                                    "vmm", "vmm+virtiofsd", "none", "kata", "xen", " tcg"]),
+                   st.text("abcdefgkmnorstuvz+-", max_size=12))
+_devices = st.one_of(_words, st.lists(st.sampled_from([*_DEVICE_WORDS, "gpu", ""]), min_size=1, max_size=4)
+                     .map("+".join))
+
+
+def _kind_oracle(accelerator: str, guest: str, host: str, devices: str, tb_size: int | None) -> bool:
+    """The grammar of docs/sizing-model.md, "What each row saw", restated: empty cells are a Kata pod's."""
+    guest = guest or "kata-pod"
+    if guest == "kata-pod":
+        return (accelerator in ("", "kvm") and host in ("", "kata-pod", "none") and devices in ("", "kata")
+                and tb_size is None)
+    words = devices.split("+")
+    return (guest in ("kata-image", "kata-initrd", "kernel-only") and accelerator in ("kvm", "tcg")
+            and host in ("vmm", "vmm+virtiofsd") and all(w in _DEVICE_WORDS for w in words)
+            and len(set(words)) == len(words)
+            and (tb_size is not None and 1 <= tb_size <= 4096 if accelerator == "tcg" else tb_size is None))
+
+
+@SETTINGS
+@given(accelerator=_words, guest=_words, host=_words, devices=_devices,
+       tb_size=st.one_of(st.none(), st.integers(-1, 5000)))
+@example(accelerator="tcg", guest="kernel-only", host="vmm", devices="serial+virtio-console", tb_size=64)
+@example(accelerator="kvm", guest="kata-image", host="vmm+virtiofsd", devices="vsock+rng+virtio-fs+nvdimm",
+         tb_size=None)
+@example(accelerator="", guest="", host="none", devices="", tb_size=None)
+def test_the_kind_columns_take_exactly_their_grammar_and_read_back_unchanged(accelerator, guest, host, devices, tb_size):
+    """A row is taken iff the grammar says so (else one line per problem, naming the column); a taken row
+    written back as `probe` writes its rows reads back the same, so every part keeps its source."""
+    header = ",".join(("accelerator", "guest", "host_processes", "devices", "tcg_tb_size_mib", "container_limit_mib",
+                       "vm_nominal_mib", "free_total_mib", "free_used_mib"))
+    cells = [accelerator, guest, host, devices, "" if tb_size is None else str(tb_size), "448", "512", "470", "17"]
+    assume(all("," not in c and '"' not in c for c in cells))
+    try:
+        [row] = parse_samples_csv(header + "\n" + ",".join(cells) + "\n")
+    except CalibrationError as exc:
+        assert not _kind_oracle(accelerator.strip(), guest.strip(), host.strip(), devices.strip(), tb_size), exc
+        assert all(p.startswith("line 2: ") and "\n" not in p for p in exc.problems)
+        return
+    assert _kind_oracle(accelerator.strip(), guest.strip(), host.strip(), devices.strip(), tb_size)
+    text = to_csv([row], columns=(*SURVEY_COLUMNS, *PROBE_COLUMNS))
+    [back] = parse_samples_csv(text)
+    assert back == row
+    assert (back.accelerator, back.guest, back.host_processes, back.devices) == (
+        row.accelerator, row.guest, row.host_processes, row.devices)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import re
 import xml.etree.ElementTree as ElementTree
@@ -115,17 +116,21 @@ def test_predicted_headroom_is_what_the_measurement_computes_for_the_proposed_vm
             [measurement] = reading.measurements
             measured[row.pod] = measurement.headroom_bytes
             state.add_reading(reading, 0.0, {pod.runtime_class: 600.0},
-                              {pod.runtime_class: (threshold, sized.pod_fixed_memory_mib * MIB)})
+                              {pod.runtime_class: (threshold, sized.pod_fixed_memory_mib * MIB,
+                                                   sized.guest_budget_mib * MIB)})
             # The operator would not warn about it.
             assert state.low_headroom({pod.runtime_class}) == []
         least_pod = min(measured, key=measured.get)
         assert (proposed.min_headroom_pod, proposed.min_headroom_bytes) == (least_pod, measured[least_pod])
-        assert proposed.warning_line_bytes == threshold.bytes_for(sized.pod_fixed_memory_mib * MIB)
+        assert proposed.warning_line_bytes == threshold.line_bytes(sized.pod_fixed_memory_mib * MIB,
+                                                                   sized.guest_budget_mib * MIB)
         assert proposed.min_headroom_bytes >= proposed.warning_line_bytes
-    # The measured host side alone (24 MiB, 26 with the margin) would leave the 4 GiB pod of class xl
-    # under its line (its VM grows by the refit's guest budget, and the line with podFixed): raised.
-    assert proposal.host_raised_mib > 0 and proposal.host_raised_for == "survey/snp-4096"
-    assert proposal.overhead["hostMemory"] == f"{26 + proposal.host_raised_mib}Mi"
+    # A fully resident VM's headroom is hostMemory less its host side: with the measured 23.4 MiB and the
+    # margin (26 MiB) the 4 GiB pod keeps 2.6 MiB, under its line (10% of the 26 MiB podFixed holds beyond
+    # the guest budget). hostMemory is raised to (23.4 x 1.1) / 0.9 = 28.6, 29 MiB: by 3, not to 121 as
+    # a line of 10% of the whole podFixed asked for (docs/measurement.md).
+    assert (proposal.host_raised_mib, proposal.host_raised_for) == (3, "survey/snp-4096")
+    assert proposal.overhead["hostMemory"] == "29Mi"
 
 
 def test_a_class_beyond_the_surveyed_vms_is_flagged(capsys, files, survey_csv, tmp_path):
@@ -172,11 +177,16 @@ def test_calibrate_and_render_propose_the_same_with_the_policys_margin(capsys, f
     assert calibrated["margin"] == "0.30" and calibrated["overhead"]["margin"] == "0.30"
     code, out, err = run(capsys, "render", files["refit"], "--proposal", files["dir"] / "survey.csv")
     assert (code, err) == (0, "")
-    set_block = yaml.safe_load("\n".join(line[3:] for line in out.splitlines() if line.startswith("#   ")))
+    overhead_text, _, classes_text = out.partition("# and (spec.classes: a kept class keeps its values):\n")
+    set_block = yaml.safe_load("\n".join(line[3:] for line in overhead_text.splitlines() if line.startswith("#   ")))
     assert set_block == calibrated["overhead"]
+    # The class the survey cannot speak for (xl: beyond its VMs) is kept, set on the classes alike.
+    assert yaml.safe_load("\n".join(line[3:] for line in itertools.takewhile(
+        lambda line: line.startswith("#   "), classes_text.splitlines()))) == calibrated["specClasses"]
+    assert [c["name"] for c in calibrated["classes"] if c.get("kept")] == ["xl"]
     for c in calibrated["classes"]:
-        assert f"# class {c['name']}: guest budget {c['guestBudgetMiB']} MiB, podFixed {c['podFixed']['cpu']}/" \
-               f"{c['podFixed']['memory']}" in out
+        assert f"# class {c['name']}: {'kept: ' if c.get('kept') else ''}guest budget {c['guestBudgetMiB']} MiB " \
+               f"(now {c['guestBudgetBeforeMiB']}), podFixed {c['podFixed']['cpu']}/{c['podFixed']['memory']}" in out
     # --margin given explicitly wins in both, alike.
     code, out, _ = run(capsys, "calibrate", files["dir"] / "survey.csv", "--policy", files["refit"], "-o", "json",
                        "--margin", "0.05")

@@ -71,7 +71,10 @@ def test_the_csv_reads_back_as_the_same_rows():
     sizing = size_policy(policy())
     rows, _ = survey_rows(fleet(sizing, lambda vm: 40 + 0.05 * vm), sizing)
     text = to_csv(rows, ["kata-sizing survey of policy qemu-rs"])
-    assert text.startswith("# kata-sizing survey of policy qemu-rs\nnode,pod,class,container_limit_mib,")
+    assert text.startswith("# kata-sizing survey of policy qemu-rs\nnode,pod,class,accelerator,guest,host_processes,"
+                           "devices,container_limit_mib,")
+    # Each row says what it measured: a Kata pod, its shim, VMM and virtiofsd in its cgroup.
+    assert text.splitlines()[2].startswith("n1,ns/s-0,s,kvm,kata-pod,kata-pod,kata,256,")
     back = parse_samples_csv(text)
     assert back == rows
     assert [(s.node, s.pod) for s in back] == [(s.node, s.pod) for s in rows]

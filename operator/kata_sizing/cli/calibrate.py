@@ -11,7 +11,7 @@ from ..core import yamlout
 from ..core.bounded import InputError
 from ..core.quantity import memory_bytes
 from .common import EXIT_INVALID, EXIT_OK, chosen_policy, print_problems, quantity_flag, read_text
-from .proposals import margin_flag, plot_if_asked, proposal_lines, proposal_verdict
+from .proposals import margin_flag, part_lines, plot_if_asked, proposal_lines, proposal_verdict, set_block
 
 HELP = "fit the overhead function from survey rows"
 
@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.host_memory is not None:
         if args.policy:
             raise InputError("--host-memory is for a fit without --policy (the policy's hostMemory is used)")
-        host_memory = -(-quantity_flag("--host-memory", args.host_memory, memory_bytes) // (1024 * 1024))
+        host_bytes = quantity_flag("--host-memory", args.host_memory, memory_bytes)
+        host_memory = None if host_bytes is None else -(-host_bytes // (1024 * 1024))
     text = read_text(args.samples)
     proposal = None
     try:
@@ -59,13 +60,17 @@ def run(args: argparse.Namespace) -> int:
     except CalibrationError as exc:
         print_problems([f"{args.samples}: {p}" for p in exc.problems])
         return EXIT_INVALID
-    report = {"overhead": block, "residualsMiB": [format(r.normalize(), "f") for r in fit.residuals_mib]}
+    residuals = [format(r.normalize(), "f") for r in fit.residuals_mib]
+    report: dict[str, object] = {"overhead": block, "residualsMiB": residuals}
     if fit.max_guest_daemons_mib is not None:
         report["maxGuestDaemonsMiB"] = format(Decimal(fit.max_guest_daemons_mib).normalize(), "f")
+    host_side = fit.host_basis or "not measured by any row: hostMemory is not fitted (the policy's stays)"
     if proposal is not None:
         report.update({k: v for k, v in proposal.as_dict().items() if k != "overhead"})
     else:
         report["largestSurveyedVmMiB"] = format(fit.largest_vm_mib.normalize(), "f")
+        report["hostSide"] = host_side
+        report["parts"] = [p.as_dict() for p in fit.parts]
         if fit.notes:
             report["notes"] = list(fit.notes)
     plot_if_asked(args, fit, proposal)
@@ -73,10 +78,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return EXIT_OK if proposal is None else proposal_verdict(proposal)
     print("# Fitted overhead function (upper envelope: every sample covered).")
-    print("# Paste under spec: in a KataSizingPolicy.")
-    sys.stdout.write(yamlout.dump({"overhead": report["overhead"]}))
-    print("# Residuals per sample (line above measurement, MiB): " + ", ".join(report["residualsMiB"]))
+    if proposal is not None and proposal.classes_block() is not None:
+        print("# Paste under spec: in a KataSizingPolicy (classes too: a kept class keeps its values there).")
+    else:
+        print("# Paste under spec: in a KataSizingPolicy.")
+    sys.stdout.write(yamlout.dump(set_block(proposal) if proposal is not None else {"overhead": block}))
+    print("# Residuals per sample (line above measurement, MiB): " + ", ".join(residuals))
     if proposal is None:
+        for line in part_lines(fit, host_side):
+            print(f"# {line}")
         for note in fit.notes:
             print(f"# note: {note}")
         return EXIT_OK

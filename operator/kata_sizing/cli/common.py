@@ -13,12 +13,12 @@ from ..core.bounded import InputError
 from ..core.model import KataSizingPolicy, PolicyError, parse_policy, policy_set_problems
 from ..core.quantity import QuantityError
 
+T = TypeVar("T")
+
 # Exit codes: 0 ok, 1 the policy (or the audited install) breaks a rule, 2 the input cannot be read.
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
-
-T = TypeVar("T")
 
 
 def read_text(path: str) -> str:
@@ -104,10 +104,11 @@ def quantity_flag(option: str, text: str, parse: Callable[[str], T]) -> T: ...
 @overload
 def quantity_flag(option: str, text: str | None, parse: Callable[[str], T]) -> T | None: ...
 def quantity_flag(option: str, text: str | None, parse: Callable[[str], T]) -> T | None:
-    if text is None or checked_flag(option, text) is None:
+    checked = None if text is None else checked_flag(option, text)
+    if checked is None:
         return None
     try:
-        return parse(text)
+        return parse(checked)
     except QuantityError as exc:
         raise PolicyError([f"{option}: {exc}"]) from None
 

@@ -199,7 +199,7 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
 
     from .. import vm
     from ..core.calibrate import PROBE_COLUMNS, CalibrationError
-    from ..core.probe import describe_row, initramfs, kernel_command_line, probe_row, report_problem
+    from ..core.probe import TCG_TB_SIZE_MIB, describe_row, initramfs, kernel_command_line, probe_row, report_problem
     from ..core.probehost import failure, fit_problem
     from ..core.survey import COLUMNS, comment_line, csv_line, row_line
 
@@ -229,8 +229,12 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
             "Guest side: MemTotal and used as `free` gives them at boot, workload_allocated_mib what a process could "
             "allocate and touch before the guest refused it; host side: the VMM's cgroup peak "
             "(pod_cgroup_memory_current_bytes, once the VM was fully resident) and peak resident memory.",
-            *(["Under TCG the host side holds QEMU's translation cache (tb-size=64 MiB), which KVM does not have."]
+            *([f"Under TCG the host side holds QEMU's translation cache (tb-size={TCG_TB_SIZE_MIB} MiB), which KVM "
+               "does not have; the rows say so (accelerator, tcg_tb_size_mib) and calibrate takes it into account."]
               if accelerator == "tcg" else []),
+            "The guest is the node's kernel with the probe's init (guest kernel-only: no Kata agent) and the host "
+            "side QEMU's alone (host_processes vmm): calibrate says which parts of a pod these rows cannot see and "
+            "where it takes them from.",
             "A VM that gave no row is a `#` line naming its class, size and why.",
             f"Fit with: kata-sizing calibrate THIS.csv --policy {args.policy}",
         ]
@@ -258,7 +262,7 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
             row = None
             if why_not is None:
                 try:
-                    row = probe_row(point, result.report, result.host, args.node)
+                    row = probe_row(point, result.report, result.host, args.node, accelerator)
                 except CalibrationError as exc:
                     why_not = f"the guest's report gives no valid row: {'; '.join(exc.problems)}"
             if row is None:

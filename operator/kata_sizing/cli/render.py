@@ -65,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
     if args.node_capacity:
         from ..core.guidance import NodeFacts
 
+        capacity = quantity_flag("--node-capacity", args.node_capacity, memory_bytes)
+        assert capacity is not None  # args.node_capacity is set
         nodes = [NodeFacts(
             name=args.node_name,
-            capacity_memory_bytes=quantity_flag("--node-capacity", args.node_capacity, memory_bytes),
+            capacity_memory_bytes=capacity,
             capacity_cpu=quantity_flag("--node-cpu", args.node_cpu, cpu_cores),
             infra_pod_memory_bytes=quantity_flag("--infra-pod-memory", args.infra_pod_memory, memory_bytes),
             kubelet_version=kubelet_version_flag(args.kubelet_version),
@@ -165,6 +167,10 @@ def _render_proposal(policies: list[KataSizingPolicy], args: argparse.Namespace)
     print("# Set in the policy (spec.overhead):")
     for line in yamlout.dump(proposal.overhead).splitlines():
         print(f"#   {line}")
+    if proposal.classes_block() is not None:
+        print("# and (spec.classes: a kept class keeps its values):")
+        for line in yamlout.dump(proposal.classes_block()).splitlines():
+            print(f"#   {line}")
     for line in proposal_lines(proposal):
         print(f"# {line}")
     sys.stdout.writelines(difflib.unified_diff(

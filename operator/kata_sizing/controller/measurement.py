@@ -56,11 +56,12 @@ class Clock:
 @dataclass(frozen=True)
 class MeasuredPolicy:
     """What a policy asks to be measured: its classes ({runtime class: (class, podFixed.memory
-    bytes)}), how often, over which window, and under which headroom a pod is reported."""
+    bytes, guest budget bytes)}), how often, over which window, and under which headroom a pod is
+    reported (core/headroom.py: a share of podFixed beyond the guest budget)."""
 
     name: str
     ref: dict
-    classes: Mapping[str, tuple[str, int]]
+    classes: Mapping[str, tuple[str, int, int]]
     interval_s: float
     window_s: float
     threshold: HeadroomThreshold
@@ -88,7 +89,8 @@ def measured_policy(sizing, ref: dict) -> MeasuredPolicy | None:
         return None
     return MeasuredPolicy(
         name=sizing.policy.name, ref=ref,
-        classes={c.runtime_class: (c.name, c.pod_fixed_memory_mib * 2**20) for c in sizing.classes},
+        classes={c.runtime_class: (c.name, c.pod_fixed_memory_mib * 2**20, c.guest_budget_mib * 2**20)
+                 for c in sizing.classes},
         interval_s=float(spec.interval_seconds), window_s=float(spec.window_seconds),
         threshold=HeadroomThreshold.parse(spec.headroom_warning), threshold_text=spec.headroom_warning)
 
@@ -168,12 +170,12 @@ class MeasurementLoop:
     def policies(self) -> list[MeasuredPolicy]:
         return [record.policy for record in self.measured.values()]
 
-    def _class_table(self) -> tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int]], dict[str, str]]:
+    def _class_table(self) -> tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int, int]], dict[str, str]]:
         windows, thresholds, owner = {}, {}, {}
         for policy in self.policies():
-            for runtime_class, (_, pod_fixed) in policy.classes.items():
+            for runtime_class, (_, pod_fixed, guest_budget) in policy.classes.items():
                 windows[runtime_class] = policy.window_s
-                thresholds[runtime_class] = (policy.threshold, pod_fixed)
+                thresholds[runtime_class] = (policy.threshold, pod_fixed, guest_budget)
                 owner[runtime_class] = policy.name
         return windows, thresholds, owner
 
@@ -336,7 +338,7 @@ class MeasurementLoop:
                    if node in self.state.nodes and self.state.nodes[node].error is not None]
         low = self.state.low_headroom(policy.classes)
         classes = []
-        for runtime_class, (class_name, _) in policy.classes.items():
+        for runtime_class, (class_name, _, _) in policy.classes.items():
             figures = self.state.figures(runtime_class, now)
             measured = figures is not None and figures.samples > 0
             most = figures.max_overhead if measured and figures else None
@@ -372,7 +374,7 @@ class MeasurementLoop:
         found = []
         for policy in self.policies():
             low = self.state.low_headroom(policy.classes)
-            for runtime_class, (class_name, _) in policy.classes.items():
+            for runtime_class, (class_name, _, _) in policy.classes.items():
                 figures = self.state.figures(runtime_class, now)
                 found.append((policy.name, class_name, {
                     "under_threshold": sum(1 for item in low if item.runtime_class == runtime_class),

@@ -16,6 +16,11 @@ Sources (docs/sizing-model.md lists them with every default):
                replaces a default_memory below 256 MiB with its built-in 2048 MiB.
 - [rs-ratio]   Kata derived the runtime-rs overhead_* defaults as about 80% of the Pod
                Overhead, so the host side is about 20% of podFixed.
+- [kubevirt-9228] kubevirt/kubevirt pull request 9228: KubeVirt's virtiofsd container was
+               OOM-killed at its 40M limit under intensive disk use; 71M the most it was seen to
+               use; the limit raised to 80M.
+- [kuasar-bench] kuasar-io/kuasar tests/benchmark/Benchmark.md: with Kata 2.5.2 and Cloud
+               Hypervisor, each pod's containerd-shim-kata-v2 has a Pss of about 18 MB.
 - [k8s-139627] kubernetes/kubernetes#139627: from v1.37.0 (k8s.io/component-helpers resource
                PodRequests) the scheduler and the kubelet's admission charge a running pod its
                overhead twice once the kubelet reports the pod-level status.allocatedResources
@@ -231,10 +236,38 @@ MEASUREMENT_MIN_INTERVAL_S = KUBELET_MAX_REFRESH_S
 KUBELET_REQUEST_TIMEOUT_S = 10
 # Project choice: 60 readings of each node at the default interval; what changes shows within the hour.
 MEASUREMENT_WINDOW_S = 3600
-# Project choice (issue 16): a VMM with less than a tenth of its podFixed left is close to an OOM kill.
+# Project choice: a VMM is close to an OOM kill once the pod cgroup has less left than a tenth of what
+# podFixed holds beyond the guest budget (the host side's share, the part no VM fills even when fully
+# resident; docs/measurement.md says why the line is not a share of the whole podFixed).
 HEADROOM_WARNING = "10%"
 
 # The guest memory ratio a fit or a policy may have: at ratio r a VM grows by 1/(1 - r) MiB per
 # MiB of limit, so r near 1 means the budget diverges; 0.9 already means a 10x VM and is a
 # broken measurement, not a guest (calibrate, sizing).
 MAX_GUEST_MEMORY_RATIO = Fraction(9, 10)
+
+# --- the parts of a pod's memory (calibrate: docs/sizing-model.md, "What each row saw") ---------------
+# What calibrate adds for a part of the pod that a row did not see. None is lowered below these by a
+# row that could not see the part; survey rows of live Kata pods measure all of them.
+# [survey]: "guest daemons stay under 70 MiB even for large VMs" (free's `used` 26-47 MiB in its rows;
+# 56 MiB its bound for containers under 2 GiB): the larger bound, for every VM size.
+GUEST_USERLAND_MIB = 70
+GUEST_USERLAND_SOURCE = "the Contrast survey: guest daemons stay under 70 MiB at every VM size"
+# [kubevirt-9228]: 71M (MB) the most virtiofsd was seen to use under intensive disk use, rounded up to MiB
+# and past it: a pod's virtiofsd under the same load, in the pod cgroup with sandbox_cgroup_only.
+VIRTIOFSD_MIB = 72
+VIRTIOFSD_SOURCE = "KubeVirt PR 9228: virtiofsd used up to 71M under intensive disk use (OOM-killed at 40M)"
+# [kuasar-bench]: about 18 MB Pss per pod's shim; Pss shares the binary's pages among shims, and the first
+# shim on a node is charged the pages it touches first: 20 MiB, the project's rounding up.
+SHIM_MIB = 20
+SHIM_SOURCE = "the Kuasar benchmark: about 18 MB Pss per Kata 2.5 shim (containerd-shim-kata-v2)"
+# Project choice: a TCG row's host side holds QEMU's translation cache (its tb-size), which a KVM node
+# has not. Without the cache measured apart, a row whose tb-size is at most this gives the VMM's share
+# with the cache counted in (overstated by at most this much, the safe side); a larger one gives none.
+TCG_CACHE_COUNTED_MAX_MIB = 8
+# QEMU's tb-size is in MiB; no host QEMU runs on takes a translation cache above 4 GiB.
+TCG_TB_SIZE_MAX_MIB = 4096
+# Project choice: a host side larger than its own VM and than this is not a sandbox's (a cgroup other
+# than the pod's, a figure in another unit): five times the [survey]'s worst case of 50 MiB, so no small
+# VM's ordinary host side is refused.
+HOST_SIDE_FLOOR_MIB = 256

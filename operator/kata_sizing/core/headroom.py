@@ -1,6 +1,16 @@
 """The headroom threshold of the measurement (docs/measurement.md): under how much headroom a
 pod's VMM is close to an OOM kill. Its own module so the model can check spec.measurement's
-field without importing the measurement."""
+field without importing the measurement; the one home of the warning line, which the measurement
+(HeadroomLow), calibrate's proposals and status all draw.
+
+A pod cgroup's limit is the pod's limits plus podFixed.memory. Its VM holds at most the limits plus
+the class's guest budget, even fully resident (confidential guests, pre-allocated memory): what
+podFixed holds beyond the guest budget is the host side's share, the part no VM fills by design. A
+fully resident VM's headroom is that share less what its shim, VMM and virtiofsd use, whatever its
+workload does; a VM that is not fully resident has its untouched pages on top. So the line is a share
+of the host side's share, not of the whole podFixed: a line of 10% of a podFixed of 852 MiB (85 MiB)
+would sit above every fully resident VM whose host side has 26 MiB, and hold back the difference in
+every pod only to stay above it."""
 
 from __future__ import annotations
 
@@ -20,11 +30,17 @@ def mib_text(size_bytes: int) -> str:
 _PERCENT = re.compile(r"[0-9]+(\.[0-9]+)?%", re.ASCII)
 
 
+def host_share_bytes(pod_fixed_bytes: int, guest_budget_bytes: int) -> int:
+    """What podFixed.memory holds beyond the guest budget: the host side's share, which no VM of the
+    class fills even when fully resident (0 when podFixed is below the budget, which validate refuses)."""
+    return max(0, pod_fixed_bytes - guest_budget_bytes)
+
+
 @dataclass(frozen=True)
 class HeadroomThreshold:
-    """Under how much headroom a pod is close to an OOM kill: a fraction of its podFixed.memory
-    (the default, 10%) or a fixed number of bytes. A pod admitted without spec.overhead is held
-    to its class's podFixed."""
+    """Under how much headroom a pod is close to an OOM kill: a fraction of the host side's share of
+    its class's podFixed.memory (podFixed less the class's guest budget; the default, 10%) or a fixed
+    number of bytes."""
 
     fraction: Decimal | None = Decimal("0.10")
     fixed_bytes: int | None = None
@@ -46,12 +62,16 @@ class HeadroomThreshold:
         except QuantityError as exc:
             raise ValueError(f"{text!r} is neither a percentage (10%) nor a memory quantity (64Mi): {exc}") from None
 
-    def bytes_for(self, pod_fixed_bytes: int) -> int:
+    def line_bytes(self, pod_fixed_bytes: int, guest_budget_bytes: int) -> int:
+        """The warning line of a pod admitted with `pod_fixed_bytes` in a class whose guest budget is
+        `guest_budget_bytes`."""
         if self.fixed_bytes is not None:
             return self.fixed_bytes
-        return int(math.ceil(Decimal(pod_fixed_bytes) * (self.fraction or 0)))
+        share = host_share_bytes(pod_fixed_bytes, guest_budget_bytes)
+        return int(math.ceil(Decimal(share) * (self.fraction or 0)))
 
     def describe(self) -> str:
         if self.fixed_bytes is not None:
             return mib_text(self.fixed_bytes)
-        return f"{format(((self.fraction or Decimal(0)) * 100).normalize(), 'f')}% of podFixed.memory"
+        percent = format(((self.fraction or Decimal(0)) * 100).normalize(), "f")
+        return f"{percent}% of podFixed.memory beyond the guest budget"

@@ -577,10 +577,10 @@ class MeasurementState:
 
     def add_reading(
         self, reading: NodeReading, at: float, window_s: Mapping[str, float],
-        thresholds: Mapping[str, tuple[HeadroomThreshold, int]],
+        thresholds: Mapping[str, tuple[HeadroomThreshold, int, int]],
     ) -> None:
         """One node's Summary, read at `at` (seconds since the epoch). `window_s` and
-        `thresholds` ({runtime class: (threshold, the class's podFixed.memory bytes)}) say which
+        `thresholds` ({runtime class: (threshold, the class's podFixed.memory and guest budget, bytes)}) say which
         runtime classes are measured; a pod of any other is ignored."""
         pods: dict[str, int] = {}
         without_limit: dict[str, int] = {}
@@ -599,10 +599,12 @@ class MeasurementState:
                 without_limit[runtime_class] = without_limit.get(runtime_class, 0) + 1
             self.window(runtime_class, window_s[runtime_class]).add(measurement, reading.node, at)
             headroom = measurement.headroom_bytes
-            threshold, class_pod_fixed = thresholds[runtime_class]
+            threshold, class_pod_fixed, guest_budget = thresholds[runtime_class]
             if headroom is None:
                 continue
-            limit = threshold.bytes_for(measurement.pod.pod_fixed_memory_bytes or class_pod_fixed)
+            # The class's line: a pod admitted under an older podFixed has that in its cgroup limit, hence in
+            # its headroom, and its VM the guest budget of then, which the pod does not say.
+            limit = threshold.line_bytes(class_pod_fixed, guest_budget)
             if headroom < limit:
                 low.append(LowHeadroom(
                     measurement.pod.pod, reading.node, runtime_class, headroom,

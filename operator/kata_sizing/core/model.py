@@ -392,7 +392,8 @@ class Measurement(ApiModel):
     headroom_warning: str = Field(
         default=defaults.HEADROOM_WARNING, max_length=MAX_DECIMAL_CHARS,
         description="A pod whose headroom (cgroup limit - working set) falls under this is reported (Warning "
-        "event, status, metric): a percentage of its podFixed.memory (10%) or a memory quantity (64Mi). "
+        "event, status, metric): a percentage of what its class's podFixed.memory holds beyond the guest budget "
+        "(the host side's share, which no VM fills; 10%) or a memory quantity (64Mi). "
         f"Default {defaults.HEADROOM_WARNING}.")
 
     _headroom_warning = field_validator("headroom_warning")(_check_headroom_warning)

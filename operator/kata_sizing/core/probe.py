@@ -387,8 +387,19 @@ class HostFigures:
     cgroup_peak_bytes: int | None = None
 
 
-def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: str | None) -> Sample:
-    """One survey row: the guest's `free` figures, what its workload got, the VMM's charge.
+# What the probe's VM is (vm_command): the node's kernel with the probe's own init (no Kata agent), QEMU
+# alone in its cgroup, its consoles on the ISA serial port and virtio-serial (calibrate.KIND_COLUMNS).
+GUEST_BOOTED = "kernel-only"
+HOST_PROCESSES_COUNTED = "vmm"
+VM_DEVICES = "serial+virtio-console"
+# QEMU's translation cache under TCG (MiB): in the VMM's host side, absent under KVM.
+TCG_TB_SIZE_MIB = 64
+
+
+def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: str | None,
+              accelerator: str) -> Sample:
+    """One survey row: the guest's `free` figures, what its workload got, the VMM's charge, and what
+    was measured (the accelerator, TCG's translation cache, the guest, the host processes, the devices).
 
     The cgroup's peak is the row's pod cgroup figure only once the VM was fully resident (its
     workload touched all it could): below the VM's size it says nothing of the host side."""
@@ -405,6 +416,11 @@ def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: s
         vmm_peak_resident_bytes=host.vmm_peak_resident_bytes,
         node=node,
         class_name=point.class_name,
+        accelerator=accelerator,
+        tcg_tb_size_mib=TCG_TB_SIZE_MIB if accelerator == "tcg" else None,
+        guest=GUEST_BOOTED,
+        host_processes=HOST_PROCESSES_COUNTED,
+        devices=VM_DEVICES,
     )
 
 
@@ -449,7 +465,7 @@ def vm_command(paths: VmmPaths, vm: Vm, *, accelerator: str, memory_dir: str, in
     guest's consoles go to `console_path` (ttyS0) and `console_path`.hvc (hvc0, virtio); without
     one, ttyS0 goes to QEMU's standard output (a container's log). Every path given to QEMU's
     option grammar is escaped (qemu_option_value)."""
-    accel = "kvm" if accelerator == "kvm" else "tcg,tb-size=64"
+    accel = "kvm" if accelerator == "kvm" else f"tcg,tb-size={TCG_TB_SIZE_MIB}"
     value = qemu_option_value
     return [
         paths.vmm, "-accel", accel, "-machine", "q35", "-m", f"{vm.memory_mib}M", "-smp", str(vm.vcpus),

@@ -181,10 +181,41 @@ class MeasurementStatus(_Status):
         default_factory=list, description="Pods under the headroom threshold, least headroom first; at most 20.")
 
 
+class ClassPin(_Status):
+    """A class's values that the proposal keeps (a refit does not lower them on rows that cannot speak
+    for the class): set them on the class (spec.classes[]) with the proposed spec.overhead."""
+
+    overhead_memory: str | None = Field(default=None, description="overheadMemory to set (Rust runtime).")
+    default_memory: str | None = Field(default=None, description="defaultMemory to set (Go runtime).")
+    pod_fixed: Resources = Field(description="podFixed to set.")
+
+
+class ProposedPart(_Status):
+    """Where a part of a Kata pod's memory comes from in the proposal (docs/sizing-model.md, What each
+    row saw): the survey rows that saw it, and the stated default that stands in where they did not."""
+
+    part: Literal["guest kernel", "guest userland", "VMM", "virtiofsd", "shim"] = Field(description="The part.")
+    measured: str | None = Field(default=None, description="The rows that saw it (lines of the CSV).")
+    detail: str | None = Field(default=None, description="How they saw it, where that matters.")
+    assumed_mib: int | None = Field(
+        default=None, alias="assumedMiB", description="The stated default added for the rows that did not.")
+    assumed_for: str | None = Field(default=None, description="Those rows.")
+    source: str | None = Field(default=None, description="Where the default comes from.")
+
+
 class ProposedClass(_Status):
     name: str = Field(description="The class.")
     pod_fixed: Resources = Field(description="The proposed overhead.podFixed.")
     pod_fixed_before: Resources = Field(description="podFixed as the policy sizes it now.")
+    guest_budget_mib: int | None = Field(
+        default=None, alias="guestBudgetMiB", description="The proposed guest budget (overhead_memory or "
+        "default_memory).")
+    guest_budget_before_mib: int | None = Field(
+        default=None, alias="guestBudgetBeforeMiB", description="The guest budget as the policy sizes it now.")
+    kept: list[str] = Field(
+        default_factory=list, description="Why the proposal keeps the class's podFixed and guest budget (not "
+        "lowered on rows that cannot speak for it).")
+    pin: ClassPin | None = Field(default=None, description="The values to set on the class to keep them.")
     pods_measured: int = Field(default=0, description="Survey rows of this class with a memory limit.")
     min_headroom_bytes: int | None = Field(
         default=None, description="The least headroom one of them would have in the VM the proposal gives it.")
@@ -205,6 +236,11 @@ class ProposalStatus(_Status):
     classes: list[ProposedClass] = Field(default_factory=list, description="What they give per class.")
     host_raised_mib: int = Field(
         default=0, alias="hostRaisedMiB", description="MiB added to hostMemory so every measured pod fits.")
+    host_side: str | None = Field(
+        default=None, description="How the host side was made up (which row, what it counted, what was assumed), "
+        "or that no row measured it.")
+    parts: list[ProposedPart] = Field(
+        default_factory=list, description="Each part of a pod's memory: measured by which rows, or assumed.")
     notes: list[str] = Field(default_factory=list, description="What the fit says about the rows.")
     error: str | None = Field(default=None, description="Why there is no proposal (the survey unreadable or unfittable).")
 

@@ -6,6 +6,10 @@ them by the policy's rules (vm_nominal_mib, sizing.explain_pod), and the kubelet
 pod cgroup's working set and usage (pod_cgroup_memory_current_bytes: usageBytes is the cgroup's
 memory.current, memory.usage_in_bytes on cgroup v1) and the sum of its containers' working sets.
 There is no `free -m` from inside the guest: the host side cannot see the guest's split.
+
+Each row says what it measured (calibrate.KIND_COLUMNS): a Kata pod's VM (under KVM, its guest and
+devices Kata's), and its pod cgroup holding the shim, the VMM and virtiofsd when the policy sets
+sandbox_cgroup_only (host_processes kata-pod), none of them otherwise (none: they run in /kata_overhead).
 """
 
 from __future__ import annotations
@@ -18,15 +22,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from .bounded import printable
-from .calibrate import HOST_COLUMNS, Sample
+from .calibrate import HOST_COLUMNS, KATA_DEVICES, KATA_POD, KIND_COLUMNS, Sample
 from .kubegrammar import dns_label_problem, dns_subdomain_problem
 from .measure import KataPod, NodeReading, PodMeasurement, SummaryError, read_kata_pod, read_summary
 from .quantity import MIB
 from .sizing import PolicySizing, SandboxRefused, explain_pod
 
 COLUMNS = (
-    "node", "pod", "class", "container_limit_mib", "vm_nominal_mib", "free_total_mib", "free_used_mib",
-    "pod_cgroup_memory_current_bytes", *HOST_COLUMNS,
+    "node", "pod", "class", *KIND_COLUMNS, "container_limit_mib", "vm_nominal_mib", "free_total_mib",
+    "free_used_mib", "pod_cgroup_memory_current_bytes", *HOST_COLUMNS,
 )
 # Pods named per reason in the notes; the rest are counted (a survey of 2,000 pods with one node's
 # Summary would otherwise print 2,000 lines).
@@ -197,6 +201,8 @@ def _row(measurement: PodMeasurement, node: str, class_name: str, sizing: Policy
         containers_working_set_bytes=measurement.containers_working_set_bytes,
         pod_cgroup_limit_bytes=pod.cgroup_limit_bytes,
         node=node, pod=pod.pod, class_name=class_name,
+        accelerator="kvm", guest=KATA_POD, devices=KATA_DEVICES,
+        host_processes=KATA_POD if sizing.policy.spec.sandbox_cgroup_only else "none",
     ), ""
 
 
