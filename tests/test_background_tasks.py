@@ -140,7 +140,7 @@ def test_the_measurement_loop_goes_on_after_a_raise_and_reads_the_nodes_again(ca
         pods = SimpleNamespace(version=1, items={"u1": SimpleNamespace(kata=KataPod(
             "u1", "ns/p1", "kata-p-s", "node-1", 512 * MIB, 400 * MIB, ("c",)))})
         loop = MeasurementLoop(read, pods, clock=Clock(now=lambda: now[0], speed=1e9))
-        loop.configure(MeasuredPolicy(name="p", ref={}, classes={"kata-p-s": ("s", 400 * MIB)}, interval_s=60.0,
+        loop.configure(MeasuredPolicy(name="p", ref={}, classes={"kata-p-s": ("s", 400 * MIB, 350 * MIB)}, interval_s=60.0,
                                       window_s=600.0, threshold=HeadroomThreshold(), threshold_text="10%"), "p")
         loop._publish_due = _raising_once(loop._publish_due)
         task = asyncio.create_task(retry.keep_running("measurement", loop.run))

@@ -166,9 +166,10 @@ def test_the_loop_stops_when_cancelled_as_a_policy_is_forgotten():
 
 
 def _low_summary(node: str) -> dict:
-    """node's pod at 880 MiB of its 912 MiB cgroup: 32 MiB of headroom, under 10% of its 400 MiB podFixed."""
+    """node's pod at 910 MiB of its 912 MiB cgroup: 2 MiB of headroom, under its warning line (10% of the
+    50 MiB its 400 MiB podFixed holds beyond the 350 MiB guest budget: 5 MiB)."""
     found = summary(node)
-    found["pods"][0]["memory"]["workingSetBytes"] = 880 * MIB
+    found["pods"][0]["memory"]["workingSetBytes"] = 910 * MIB
     return found
 
 
