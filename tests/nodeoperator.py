@@ -157,9 +157,12 @@ ADMISSION_COLLECTIONS = ("validatingadmissionpolicies", "validatingadmissionpoli
 def cached_objects(cp) -> dict[str, int]:
     """What each of the operator's list+watch caches must hold (kata_sizing_informer_objects),
     counted from the API server: every Node, RuntimeClass and admission object, the ConfigMaps
-    labelled managed-by kata-sizing. (The pod cache keeps only some pods: not counted here.)"""
+    labelled managed-by kata-sizing, and every Namespace (the release serves the routing webhook,
+    which reads namespaces' labels from its cache). (The pod cache keeps only some pods: not
+    counted here.)"""
     group = "/apis/admissionregistration.k8s.io/v1"
     return {
+        "namespaces": len(cp.items("/api/v1/namespaces")),
         "nodes": len(cp.items("/api/v1/nodes")),
         "runtimeclasses": len(cp.items("/apis/node.k8s.io/v1/runtimeclasses")),
         "configmaps": len(cp.request("GET", "/api/v1/configmaps?labelSelector=app.kubernetes.io%2Fmanaged-by%3D"
