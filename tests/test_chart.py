@@ -366,6 +366,9 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
       "webhook.caBundle=Zm9v"], "webhook.tlsSecretName is required"),
     (["--set", "webhook.enabled=true", "--set", "replicas=1"],
      "replicas: at least 2 with webhook.failurePolicy Fail"),
+    (["--set", "healthPort=8081"], "healthPort: 8081 is metrics.port too"),
+    (["--set", "metrics.port=8080"], "healthPort: 8080 is metrics.port too"),
+    (["--set", "webhook.enabled=true", "--set", "webhook.port=8081"], "webhook.port: 8081 is healthPort or metrics.port"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v[1::2]))
 def test_bad_values_fail_with_a_message_naming_the_value(helm: str, values: list[str], message: str) -> None:
     result = run_helm(helm, "template", RELEASE, str(CHART), *values)
