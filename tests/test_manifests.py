@@ -76,9 +76,11 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "configmaps"): READ_WRITE,
     ("", "nodes"): ("list", "watch"),
     ("", "pods"): ("list", "watch"),
+    # patch: a shared admission policy its installer applied server-side is put back by an apply.
+    **{("admissionregistration.k8s.io", kind): (*READ_WRITE, "patch") for kind in (
+        "validatingadmissionpolicies", "mutatingadmissionpolicies")},
     **{("admissionregistration.k8s.io", kind): READ_WRITE for kind in (
-        "validatingadmissionpolicies", "validatingadmissionpolicybindings",
-        "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
+        "validatingadmissionpolicybindings", "mutatingadmissionpolicybindings")},
     ("", "namespaces"): ("get",),
     # The measurement's Summaries, authorized by each kubelet (docs/measurement.md).
     ("", "nodes/stats"): ("get",),

@@ -49,6 +49,11 @@ NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
                                 "to a ServiceAccount without it",
     ("", "namespaces", "get"): "the routing webhook reads an opted-in namespace's label; this scenario runs no "
                                "webhook (tests/test_real_admission_operator.py exercises it on the real server)",
+    **{("admissionregistration.k8s.io", plural, "patch"): (
+        "a shared admission policy whose installer applied it server-side is put back by a server-side apply in "
+        "the installer's name, which the API server's managedFields say and the emulator does not keep; "
+        "tests/test_real_admission_operator.py puts both kinds back on the real server")
+       for plural in ("validatingadmissionpolicies", "mutatingadmissionpolicies")},
     ("katasizing.dev", "katasizingpolicies", "get"): (
         "the routing webhook reads an opted-in pod's policy, and a drift-counter update that lost a race reads "
         "the policy again; neither happens here (tests/test_operator_faults.py loses that race on purpose, "

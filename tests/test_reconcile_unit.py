@@ -36,7 +36,7 @@ from tests.operator_helpers import example
 NAME = "qemu-rs"
 UID = "0e3c9a4e-0000-4000-8000-000000000001"
 READS = frozenset({"read"})
-WRITES = frozenset({"create", "replace", "delete", "patch_status"})
+WRITES = frozenset({"create", "replace", "apply", "delete", "patch_status"})
 NAMESPACE = "kata-sizing"
 
 
@@ -51,6 +51,7 @@ class FakeApi:
         self._versions = itertools.count(100)
         self.objects: dict[tuple, dict] = {}
         self.namespaces = set(namespaces)
+        self.managers: list[tuple[str, tuple, str]] = []  # (method, key, the field manager it wrote as)
         for obj in objects:
             self._store(self._stamped(obj))
         if policy is not None:
@@ -87,9 +88,10 @@ class FakeApi:
     def written(self, method: str, kind: str | None = None) -> list[tuple]:
         return [c for c in self.writes if c[0] == method and (kind is None or c[1][0] == kind)]
 
-    async def create(self, body):
+    async def create(self, body, field_manager="kata-sizing"):
         key = obj_key(body)
         self._call("create", key)
+        self.managers.append(("create", key, field_manager))
         if key in self.objects:
             raise Conflict(409, "already exists")
         if key[1] is not None and key[1] not in self.namespaces:
@@ -102,9 +104,27 @@ class FakeApi:
         self._call("read", key)
         return copy.deepcopy(self.objects.get(tuple(key)))
 
-    async def replace(self, body):
+    async def apply(self, body, field_manager):
+        """A server-side apply as the fake's objects can hold it: the configuration's labels,
+        annotations and spec over the object (created when missing)."""
+        key = obj_key(body)
+        self._call("apply", key)
+        self.managers.append(("apply", key, field_manager))
+        assert "resourceVersion" not in body["metadata"] and "managedFields" not in body["metadata"], body
+        old = copy.deepcopy(self.objects.get(key)) or {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                                                       "metadata": {"name": key[2]}}
+        for part in ("labels", "annotations"):
+            if part in body["metadata"]:
+                old["metadata"][part] = {**(old["metadata"].get(part) or {}), **body["metadata"][part]}
+        old["spec"] = copy.deepcopy(body["spec"])
+        new = self._stamped(old)
+        self._store(new)
+        return copy.deepcopy(new)
+
+    async def replace(self, body, field_manager="kata-sizing"):
         key = obj_key(body)
         self._call("replace", key)
+        self.managers.append(("replace", key, field_manager))
         old = self.objects.get(key)
         if old is None:
             raise NotFound(404, f"{key} not found")
@@ -147,6 +167,7 @@ class FakeChildren(HeldNames):
         self.api = api
         self.runtime_classes = SimpleNamespace(synced=_set_event(), version=0, items={})
         self.held_by_others = set()
+        self.remembered: dict = {}
 
     def _cached(self, obj: dict) -> bool:
         if obj["kind"] == "ConfigMap":

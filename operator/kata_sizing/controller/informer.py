@@ -22,6 +22,7 @@ from typing import Generic, TypeVar, cast
 
 from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 from .api_errors import ApiError
+from .compare import is_shared
 from .kinds import ADMISSION_GROUP, KINDS, ObjKey
 from .retry import WATCH_RETRY_BASE_S, WATCH_RETRY_CAP_S, backoff_s
 
@@ -164,13 +165,16 @@ class Informer(Generic[T]):
 
 # Fields the operator never reads nor writes back. A replace (PUT) without managedFields
 # keeps the server's; everything else of an object is kept so a PUT built from the cached
-# copy loses nothing somebody else wrote.
+# copy loses nothing somebody else wrote. The install's shared admission objects keep theirs: they
+# say who installed them, in whose name the operator writes them (compare.Installer).
 _DROPPED_METADATA = ("managedFields",)
 
 
 def slim_child(kind: str) -> Callable[[dict], dict]:
     def summarize(obj: dict) -> dict:
-        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _DROPPED_METADATA}
+        meta = obj.get("metadata") or {}
+        if not is_shared(obj):
+            meta = {k: v for k, v in meta.items() if k not in _DROPPED_METADATA}
         return {**{k: v for k, v in obj.items() if k != "metadata"}, "kind": kind, "metadata": meta}
 
     return summarize
@@ -234,6 +238,9 @@ class ChildCache(HeldNames):
             "RuntimeClass": self.runtime_classes, "ConfigMap": self.config_maps, **self.admission}
         self.by_policy: dict[str, set[ObjKey]] = {}
         self.held_by_others: set[ObjKey] = set()
+        # The install's shared admission objects that were deleted, as last seen (with who wrote
+        # them): a put-back writes what their installer had written (plan.shared_installer).
+        self.remembered: dict[ObjKey, dict] = {}
 
     def informers(self) -> list[Informer]:
         return list(self._by_kind.values())
@@ -246,6 +253,10 @@ class ChildCache(HeldNames):
             namespace, name = cast(tuple[str | None, str], key)
             obj_key = (kind, namespace, name)
             self._index(obj_key, before, after)
+            if after is not None:
+                self.remembered.pop(obj_key, None)
+            elif before is not None and is_shared(before):
+                self.remembered[obj_key] = before
             if self._on_change is not None:
                 self._on_change(obj_key, before, after)
 
@@ -302,6 +313,7 @@ class ChildCache(HeldNames):
             return
         before = informer.items.get((key[1], key[2]))
         informer.record(obj)
+        self.remembered.pop(key, None)
         self._index(key, before, informer.items.get((key[1], key[2])))
 
     def forget(self, key: ObjKey) -> None:

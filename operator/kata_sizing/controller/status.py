@@ -61,6 +61,7 @@ class Findings:
 
     writes: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    conflict_kinds: list[str] = field(default_factory=list)  # the kind of each of `conflicts`
     missing: list[str] = field(default_factory=list)
     drifted: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
@@ -228,18 +229,20 @@ def nodes_status(rendered: Rendered) -> NodesStatus:
 def _conditions(findings: Findings, generation: int | None) -> list[Condition]:
     """Valid, Conflict, InSync and Ready; InSync False says the first of its reasons that holds."""
     valid = not findings.invalid
+    conflict = cond.CONFLICT_REASONS.get(findings.conflict_kinds[0], cond.REASON_CONFLICT) \
+        if findings.conflict_kinds else cond.REASON_CONFLICT
     current = [
         cond.condition(cond.VALID, True, cond.REASON_VALID, "; ".join(findings.warnings) or "all sizing rules hold",
                        generation) if valid else
         cond.condition(cond.VALID, False, cond.REASON_INVALID, "; ".join(findings.invalid), generation),
         cond.condition(cond.CONFLICT, bool(findings.conflicts),
-                       cond.REASON_CONFLICT if findings.conflicts else cond.REASON_NO_CONFLICT,
+                       conflict if findings.conflicts else cond.REASON_NO_CONFLICT,
                        "; ".join(findings.conflicts), generation),
     ]
     out_of_sync = [
         (not valid, cond.REASON_NOT_APPLIED,
          "this generation is invalid; the objects of the last valid generation are kept as they were"),
-        (findings.conflicts, cond.REASON_CONFLICT, "; ".join(findings.conflicts)),
+        (findings.conflicts, conflict, "; ".join(findings.conflicts)),
         (findings.missing, cond.REASON_RUNTIME_CLASS_MISSING,
          "kata-deploy has not created RuntimeClass " + ", ".join(findings.missing)
          + " (apply the values overlay with helm)"),
@@ -418,6 +421,7 @@ def conclude(gathered: Gathered, plan: Plan, outcome: Outcome) -> Conclusion:
                     applied.append(result.text)
             elif result.status == CONFLICTED:
                 findings.conflicts.append(result.text)
+                findings.conflict_kinds.append(action.key[0])
             elif result.status == REFUSED:
                 findings.refused.append(result.text)
             elif result.status == FAILED:
@@ -427,6 +431,7 @@ def conclude(gathered: Gathered, plan: Plan, outcome: Outcome) -> Conclusion:
             continue
         if action.verb is Verb.CONFLICT:
             findings.conflicts.append(conflict_text(action))
+            findings.conflict_kinds.append(action.key[0])
             continue
         line, detected, _ = _said(action, desired.drift_policy)
         if action.verb is Verb.MISSING:
