@@ -31,14 +31,14 @@ class PagedApi:
         self.watches: list[list[dict]] = []
         self.watch_versions: list[str] = []
 
-    async def list_page(self, kind, limit, continue_token=None, label_selector=None):
+    async def list_page(self, kind, limit, continue_token=None, label_selector=None, field_selector=None):
         self.list_calls.append((limit, continue_token))
         start = int(continue_token or 0)
         page = [dict(o) for o in self.objects[start:start + limit]]
         nxt = start + limit
         return page, "100", (str(nxt) if nxt < len(self.objects) else None)
 
-    async def watch_raw(self, kind, resource_version, timeout_s, label_selector=None):
+    async def watch_raw(self, kind, resource_version, timeout_s, label_selector=None, field_selector=None):
         self.watch_versions.append(resource_version)
         if not self.watches:
             raise asyncio.CancelledError

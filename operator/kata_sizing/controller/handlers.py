@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import kopf
 
+from ..core.crdgen import CRD_NAME
 from ..core.labels import POLICY_LABEL
 from ..core.model import GROUP, PLURAL, VERSION
 from ..core.podfit import route_patch
@@ -31,7 +32,7 @@ from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError
 from .cluster import summarize_node, summarize_pod
 from .events import EventPoster
-from .informer import ChildCache, Informer
+from .informer import ChildCache, Informer, policy_crd
 from .kinds import policy_key
 from .kube import KubeApi
 from .kubelet import DirectKubelets, KubeletOptions
@@ -50,6 +51,17 @@ KOPF_CONNECTIONS = 2
 # kopf says "Handler 'x' succeeded." at INFO for every event its handlers take: one line per
 # policy status write, which tells an administrator nothing. Its warnings and errors stay.
 KOPF_OBJECT_LOG_LEVEL = logging.WARNING
+# What the operator says, once, when the policies' CRD goes while it runs (docs/install.md).
+CRD_GONE = ("CustomResourceDefinition %s was deleted, and every KataSizingPolicy with it: the operator stops "
+            "(restarted, it waits for the CRD to come back); what the policies made is left to the garbage "
+            "collector and the uninstall's sweep")
+
+
+def stop_when_the_crd_goes(stop: asyncio.Event) -> None:
+    """Say that the policies' CRD went, and stop kopf (before its watch of the policies meets 404)."""
+    if not stop.is_set():
+        log.warning(CRD_GONE, CRD_NAME)
+        stop.set()
 
 
 def _bounded_login(login):
@@ -133,7 +145,11 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     install_pod_routing(settings, state)
     state.measurement = _measurement_loop(state, memo)
     metrics.track_measurement(state.measurement)
+    # run_operator's stop flag: with it, the operator stops cleanly when its CRD is deleted.
+    crd_stop: asyncio.Event | None = getattr(memo, "crd_stop", None)
     state.background = [
+        *([asyncio.create_task(policy_crd(api, lambda: stop_when_the_crd_goes(crd_stop)).run(), name="crd-informer")]
+          if crd_stop is not None else []),
         *([asyncio.create_task(leader.run(), name="leader-election")] if leader else []),
         *(asyncio.create_task(i.run(), name=f"{i.collection}-informer") for i in state.informers()),
         asyncio.create_task(state.work.run(), name="pass-queue"),

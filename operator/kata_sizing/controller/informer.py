@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar, cast
 
+from ..core.crdgen import CRD_NAME
 from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 from .api_errors import ApiError
 from .compare import is_shared
@@ -53,6 +54,7 @@ class Informer(Generic[T]):
         self, api, kind: str, summarize: Callable[[dict], T | None], *,
         key: Callable[[dict], Hashable] = uid_key, label_selector: str | None = None,
         on_change: ChangeCallback | None = None, page_size: int = PAGE_SIZE, collection: str | None = None,
+        field_selector: str | None = None,
     ):
         self.api = api
         self.kind = kind
@@ -60,6 +62,7 @@ class Informer(Generic[T]):
         self.summarize = summarize
         self.key = key
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.on_change = on_change
         self.page_size = page_size
         self.items: dict[Hashable, T] = {}
@@ -105,7 +108,7 @@ class Informer(Generic[T]):
         while True:
             page, list_version, continue_token = await self.api.list_page(
                 self.kind, limit=self.page_size, continue_token=continue_token,
-                label_selector=self.label_selector,
+                label_selector=self.label_selector, field_selector=self.field_selector,
             )
             for obj in page:
                 summary = self.summarize(obj)
@@ -135,6 +138,7 @@ class Informer(Generic[T]):
                 timeout_s = random.randint(WATCH_TIMEOUT_S, 2 * WATCH_TIMEOUT_S)
                 async for event in self.api.watch_raw(
                     self.kind, self.resource_version, timeout_s, label_selector=self.label_selector,
+                    field_selector=self.field_selector,
                 ):
                     event_type, obj = event.get("type"), event.get("object") or {}
                     if event_type == "ERROR":
@@ -159,6 +163,19 @@ class Informer(Generic[T]):
                 failures += 1
                 log.warning("%s informer: %s; retrying in %.2fs", self.collection, exc, delay)
                 await asyncio.sleep(delay)
+
+
+def policy_crd(api, on_gone: Callable[[], None]) -> Informer:
+    """The policies' own CustomResourceDefinition, followed by name: `on_gone` is called when the
+    CRD the operator saw is being deleted (its deletionTimestamp set: the API server deletes every
+    policy, then the CRD) or is gone. kopf's watch of the policies would meet 404 once it is."""
+    def changed(_key: Hashable, before: dict | None, after: dict | None) -> None:
+        if before is not None and not before["deleting"] and (after is None or after["deleting"]):
+            on_gone()
+
+    return Informer(api, "CustomResourceDefinition",
+                    lambda crd: {"deleting": bool((crd.get("metadata") or {}).get("deletionTimestamp"))},
+                    key=name_key, on_change=changed, field_selector=f"metadata.name={CRD_NAME}")
 
 
 # --- the managed children: slim copies, indexed by policy ----------------------------------

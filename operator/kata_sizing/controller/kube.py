@@ -332,6 +332,7 @@ class KubeApi:
 
     async def list_page(
         self, kind_name: str, limit: int, continue_token: str | None = None, label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> tuple[list[dict], str, str | None]:
         """One page of a collection: (objects as plain dicts, the list's resourceVersion, the
         continue token or None on the last page). Pages keep the peak memory of a 100,000-pod
@@ -339,17 +340,19 @@ class KubeApi:
         kind = self.kind(kind_name)
         body = await self._json(
             "GET", self.path(kind), f"list {kind.plural}", timeout=REQUEST_TIMEOUT_S * 2,
-            query={"limit": limit, "continue": continue_token, "labelSelector": label_selector})
+            query={"limit": limit, "continue": continue_token, "labelSelector": label_selector,
+                   "fieldSelector": field_selector})
         meta = body.get("metadata") or {}
         return body.get("items") or [], meta.get("resourceVersion") or "", meta.get("continue") or None
 
-    async def watch_raw(self, kind_name: str, resource_version: str, timeout_s: int, label_selector: str | None = None):
+    async def watch_raw(self, kind_name: str, resource_version: str, timeout_s: int, label_selector: str | None = None,
+                        field_selector: str | None = None):
         """Watch events ({type, object}) from a resourceVersion until the server ends the stream."""
         kind = self.kind(kind_name)
         response = await self._send(
             "GET", self.path(kind), f"watch {kind.plural}", timeout=timeout_s + REQUEST_TIMEOUT_S,
             query={"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": timeout_s,
-                   "allowWatchBookmarks": "true", "labelSelector": label_selector})
+                   "allowWatchBookmarks": "true", "labelSelector": label_selector, "fieldSelector": field_selector})
         stream = response.response
         try:
             async for line in stream.content:
