@@ -198,7 +198,7 @@ def test_the_chart_creates_the_shared_admission_policies_the_server_serves(helm:
                                                                           kinds: list[str]) -> None:
     objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP)]
     assert [o["kind"] for o in objects] == kinds
-    # As `kata-sizing render --shared` prints them, Helm's labels not added: the operator guards them.
+    # As `kata-sizing render --shared` prints them (an install and upgrade add Helm's own marks).
     shared = by_key(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text()))
     for obj in objects:
         assert obj == shared[obj["kind"], obj["metadata"]["name"]]
@@ -218,6 +218,7 @@ def test_the_notes_name_the_shared_admission_policies_and_how_to_uninstall(helm:
             "  MutatingAdmissionPolicy kata-sizing-route-v1\n") in text
     assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in text
     assert "kubectl delete validatingadmissionpolicies,mutatingadmissionpolicies -l katasizing.dev/shared=admission" in text
+    assert f"kubectl -n {NAMESPACE} delete lease kata-sizing" in text  # helm uninstall leaves it
     assert "kata-sizing-envelope-v1" not in notes(helm, "--set", "admissionPolicies.create=false")
 
 
