@@ -258,6 +258,20 @@ def writers(obj: dict) -> set[tuple[str, str]]:
             if not m.get("subresource")}
 
 
+def put_back_in_the_installers_name(cp: ControlPlane, path: str, installer: tuple[str, str]) -> None:
+    """Delete the shared admission policy at `path`, installed by Helm (the chart); the operator
+    puts it back as `installer` (manager, operation) wrote it: its labels (Helm's among them),
+    annotations and spec, in its name alone."""
+    before = cp.get(path)
+    assert installer in writers(before), before["metadata"]["managedFields"]
+    cp.delete(path)
+    back = poll(lambda: cp.get(path), 10, f"{path} put back")
+    assert writers(back) == {installer}, back["metadata"]["managedFields"]
+    assert (back["metadata"]["labels"], back["metadata"]["annotations"], back["spec"]) == (
+        before["metadata"]["labels"], before["metadata"]["annotations"], before["spec"])
+    assert back["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
 def test_a_shared_policy_the_install_applied_server_side_is_put_back_as_it_applied_it_and_applies_again(
         control_plane, real_operator):
     """`kubectl apply --server-side -k manifests/`: a deleted shared admission policy (one of each
