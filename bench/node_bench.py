@@ -78,6 +78,7 @@ def _bench_release(report: Report, node: rn.Node, workdir: Path, handovers: int)
     name = release.import_image()
     report(f"ctr images import of the operator image ({name})", f"{release.import_seconds:.1f} s", "", "")
     release.prepare_namespace()
+    release.take_over_shared_admission()  # the chart creates them (the control plane's install made them first)
     policy = yaml.safe_load(POLICY_FILE.read_text())
     classes = set(policy_runtime_classes())
     cp.apply(policy)  # before the operator runs: it finds the policy when it starts

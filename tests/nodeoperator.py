@@ -8,10 +8,11 @@ and bench/node_bench.py.
   machine's capacity and the node's kubelet for POLICY_FILE (the same core code the operator
   runs), and containerd maps the handlers of POLICY_FILE and SCHEDULING_HANDLER to runc.
 - `OperatorRelease`: the chart installed in NAMESPACE with the webhook on (a TLS Secret and
-  caBundle made here: cert-manager is not installed), the image's pull policy Never and the
-  node's taint tolerated; it reads the pods, the Lease, each replica's /metrics through the API
-  server (pods/proxy) parsed with Prometheus' own parser, the pod's cgroup, and the requests the
-  operator's ServiceAccount made (the API server's audit log).
+  caBundle made here: cert-manager is not installed), the image's pull policy Never, the node's
+  taint tolerated and its own shared admission policies (the chart's default); it reads the pods,
+  the Lease, each replica's /metrics through the API server (pods/proxy) parsed with Prometheus'
+  own parser, the pod's cgroup, and the requests the operator's ServiceAccount made (the API
+  server's audit log).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ TLS_SECRET = f"{RELEASE}-webhook-tls"
 WEBHOOK_SERVICE = f"{RELEASE}-webhook"
 METRICS_PORT = 8081  # the chart's metrics.port
 SELECTOR = "app.kubernetes.io/name=kata-sizing,app.kubernetes.io/component=operator"
+SHARED_SELECTOR = "katasizing.dev/shared=admission"
+SHARED_ADMISSION_KINDS = "validatingadmissionpolicies,mutatingadmissionpolicies"
 
 
 # --- the node's configuration from the operator's own guidance ------------------------------
@@ -228,9 +231,8 @@ class OperatorRelease:
             "tolerations": [NODE_TOLERATION],
             "webhook": {"enabled": True, "certManager": {"enabled": False}, "caBundle": self.ca_bundle,
                         "tlsSecretName": TLS_SECRET},
-            # The session's install (`kubectl apply -k manifests/`) owns the shared admission
-            # policies; a second install leaves them to it (Helm would refuse to adopt them).
-            "admissionPolicies": {"create": False},
+            # admissionPolicies left at the chart's default: the release creates the shared
+            # admission policies (the session's install steps aside while it runs: installed_release).
             **overrides,
         }
         path = self.workdir / f"values-{len(list(self.workdir.glob('values-*')))}.yaml"
@@ -267,6 +269,16 @@ class OperatorRelease:
         self.cp.kubectl("delete", "ksp", "--all", "--cascade=foreground", "--timeout=90s")
         self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s")
         self.node.delete_namespace(NAMESPACE)
+
+    # The shared admission policies: the chart's, for the release's lifetime. The session's install
+    # (`kubectl apply -k manifests/`) made them first, and Helm adopts no object it did not create.
+
+    def take_over_shared_admission(self) -> None:
+        self.cp.kubectl("delete", SHARED_ADMISSION_KINDS, "-l", SHARED_SELECTOR, "--wait")
+
+    def give_back_shared_admission(self) -> None:
+        self.cp.kubectl("delete", SHARED_ADMISSION_KINDS, "-l", SHARED_SELECTOR, "--ignore-not-found")
+        self.cp.kubectl("apply", "-k", str(ROOT / "manifests" / "admission"))
 
     # --- what runs -----------------------------------------------------------------------
 
@@ -343,6 +355,7 @@ def installed_release(node: Node, workdir: Path, apply_first: list[dict] = ()) -
     name = release.import_image()
     assert name == img.IMAGE_REF, f"containerd named the imported image {name!r}, the chart runs {img.IMAGE_REF!r}"
     release.prepare_namespace()
+    release.take_over_shared_admission()
     try:
         if apply_first:
             node.cp.apply(*apply_first)
@@ -351,6 +364,7 @@ def installed_release(node: Node, workdir: Path, apply_first: list[dict] = ()) -
     finally:
         with contextlib.suppress(AssertionError, ApiError):
             release.uninstall()
+        release.give_back_shared_admission()
 
 
 def events(cp, reason: str | None = None, since: str = "") -> list[dict]:

@@ -200,7 +200,7 @@ def test_the_chart_creates_the_shared_admission_policies_the_server_serves(helm:
                                                                           kinds: list[str]) -> None:
     objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP, VAPB, MAPB)]
     assert sorted(o["kind"] for o in objects) == kinds
-    # As `kata-sizing render --shared` prints them, Helm's labels not added: the operator guards them.
+    # As `kata-sizing render --shared` prints them (an install and upgrade add Helm's own marks).
     shared = by_key(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text()))
     for obj in objects:
         assert obj == shared[obj["kind"], obj["metadata"]["name"]]
@@ -222,6 +222,7 @@ def test_the_notes_name_the_shared_admission_policies_and_how_to_uninstall(helm:
     assert "  ValidatingAdmissionPolicyBinding kata-sizing-envelope-v1-keep-alive\n" in text
     assert ("kubectl delete validatingadmissionpolicies,mutatingadmissionpolicies,validatingadmissionpolicybindings,"
             "mutatingadmissionpolicybindings -l katasizing.dev/shared=admission") in text
+    assert f"kubectl -n {NAMESPACE} delete lease kata-sizing" in text  # helm uninstall leaves it
     assert "kata-sizing-envelope-v1" not in notes(helm, "--set", "admissionPolicies.create=false")
 
 
@@ -397,6 +398,9 @@ def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:
       "webhook.caBundle=Zm9v"], "webhook.tlsSecretName is required"),
     (["--set", "webhook.enabled=true", "--set", "replicas=1"],
      "replicas: at least 2 with webhook.failurePolicy Fail"),
+    (["--set", "healthPort=8081"], "healthPort: 8081 is metrics.port too"),
+    (["--set", "metrics.port=8080"], "healthPort: 8080 is metrics.port too"),
+    (["--set", "webhook.enabled=true", "--set", "webhook.port=8081"], "webhook.port: 8081 is healthPort or metrics.port"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v[1::2]))
 def test_bad_values_fail_with_a_message_naming_the_value(helm: str, values: list[str], message: str) -> None:
     result = run_helm(helm, "template", RELEASE, str(CHART), *values)

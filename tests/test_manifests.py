@@ -80,9 +80,10 @@ APPLICATION_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "configmaps"): READ_WRITE,
     ("", "nodes"): ("list", "watch"),
     ("", "pods"): ("list", "watch"),
-    **{("admissionregistration.k8s.io", kind): READ_WRITE for kind in (
-        "validatingadmissionpolicies", "validatingadmissionpolicybindings",
-        "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
+    # patch: a shared admission object its installer applied server-side is put back by an apply.
+    **{("admissionregistration.k8s.io", kind): (*READ_WRITE, "patch") for kind in (
+        "validatingadmissionpolicies", "mutatingadmissionpolicies",
+        "validatingadmissionpolicybindings", "mutatingadmissionpolicybindings")},
     ("", "namespaces"): ("get", "list", "watch"),
     # The measurement's Summaries, authorized by each kubelet (docs/measurement.md).
     ("", "nodes/stats"): ("get",),

@@ -46,6 +46,7 @@ from tests.nodeoperator import (
 from tests.operator_helpers import wait_for as poll
 from tests.realcluster import POLICIES, RUNTIME_CLASSES, WRITE_VERBS, configmaps
 from tests.realnode import NODE_TOLERATION, Node
+from tests.test_real_admission_operator import ADMISSION, put_back_in_the_installers_name, writers
 
 pytestmark = pytest.mark.node
 
@@ -158,6 +159,24 @@ def test_the_policy_applied_before_the_install_is_written_by_the_operator_in_its
     writers = {e.user_agent for e in release.requests(release.audit_start)
                if e.resource == "runtimeclasses" and e.verb == "create"}
     assert writers == {f"kata-sizing/{release.lease()['holderIdentity']}"}, writers
+
+
+def test_the_charts_shared_admission_policies_carry_helms_marks_and_one_deleted_comes_back_as_helm_applied_it(
+        release: OperatorRelease) -> None:
+    """With the chart's default admissionPolicies, Helm stamps its managed-by label and release
+    annotations on the shared admission policies: every policy is Ready all the same (each was
+    Ready False, UnmanagedRuntimeClass). One deleted is put back in Helm's name, as Helm applied
+    it, and `helm upgrade` (Helm 4 applies server-side; no --force-conflicts) succeeds."""
+    cp = release.cp
+    wait_policy_ready(cp)
+    path = f"{ADMISSION}/validatingadmissionpolicies/{SHARED_NAMES['envelope']}"
+    before = cp.get(path)
+    assert before["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert writers(before) == {("helm", "Apply")}
+    put_back_in_the_installers_name(cp, path, ("helm", "Apply"))
+    release.upgrade(release.values())  # fails the test on a conflict
+    for name in cp.items(POLICIES):
+        wait_policy_ready(cp, name)
 
 
 def test_metrics_of_both_replicas_through_the_api_server(release: OperatorRelease) -> None:

@@ -36,7 +36,7 @@ from tests.operator_helpers import example
 NAME = "qemu-rs"
 UID = "0e3c9a4e-0000-4000-8000-000000000001"
 READS = frozenset({"read"})
-WRITES = frozenset({"create", "replace", "delete", "patch_status"})
+WRITES = frozenset({"create", "replace", "apply", "delete", "patch_status"})
 NAMESPACE = "kata-sizing"
 
 
@@ -51,6 +51,7 @@ class FakeApi:
         self._versions = itertools.count(100)
         self.objects: dict[tuple, dict] = {}
         self.namespaces = set(namespaces)
+        self.managers: list[tuple[str, tuple, str]] = []  # (method, key, the field manager it wrote as)
         for obj in objects:
             self._store(self._stamped(obj))
         if policy is not None:
@@ -87,9 +88,10 @@ class FakeApi:
     def written(self, method: str, kind: str | None = None) -> list[tuple]:
         return [c for c in self.writes if c[0] == method and (kind is None or c[1][0] == kind)]
 
-    async def create(self, body):
+    async def create(self, body, field_manager="kata-sizing"):
         key = obj_key(body)
         self._call("create", key)
+        self.managers.append(("create", key, field_manager))
         if key in self.objects:
             raise Conflict(409, "already exists")
         if key[1] is not None and key[1] not in self.namespaces:
@@ -102,9 +104,27 @@ class FakeApi:
         self._call("read", key)
         return copy.deepcopy(self.objects.get(tuple(key)))
 
-    async def replace(self, body):
+    async def apply(self, body, field_manager):
+        """A server-side apply as the fake's objects can hold it: the configuration's labels,
+        annotations and spec over the object (created when missing)."""
+        key = obj_key(body)
+        self._call("apply", key)
+        self.managers.append(("apply", key, field_manager))
+        assert "resourceVersion" not in body["metadata"] and "managedFields" not in body["metadata"], body
+        old = copy.deepcopy(self.objects.get(key)) or {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                                                       "metadata": {"name": key[2]}}
+        for part in ("labels", "annotations"):
+            if part in body["metadata"]:
+                old["metadata"][part] = {**(old["metadata"].get(part) or {}), **body["metadata"][part]}
+        old["spec"] = copy.deepcopy(body["spec"])
+        new = self._stamped(old)
+        self._store(new)
+        return copy.deepcopy(new)
+
+    async def replace(self, body, field_manager="kata-sizing"):
         key = obj_key(body)
         self._call("replace", key)
+        self.managers.append(("replace", key, field_manager))
         old = self.objects.get(key)
         if old is None:
             raise NotFound(404, f"{key} not found")
@@ -147,6 +167,7 @@ class FakeChildren(HeldNames):
         self.api = api
         self.runtime_classes = SimpleNamespace(synced=_set_event(), version=0, items={})
         self.held_by_others = set()
+        self.remembered: dict = {}
 
     def _cached(self, obj: dict) -> bool:
         if obj["kind"] == "ConfigMap":
@@ -358,6 +379,152 @@ def test_corrected_puts_back_our_fields_and_keeps_everyone_elses():
     assert body["metadata"]["annotations"] == {"note": "n"}
     assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == ["other", UID]
     assert body["metadata"]["resourceVersion"] == "9"  # so a concurrent edit is a 409, not lost
+
+
+# --- the install's shared admission objects ------------------------------------------------------
+
+SHARED_VAP = ("ValidatingAdmissionPolicy", None, podfit.SHARED_NAMES["memory"])
+HELM_META = {"labels": {MANAGED_BY_LABEL: "Helm"},
+             "annotations": {"meta.helm.sh/release-name": "kata-sizing", "meta.helm.sh/release-namespace": "kata-sizing"}}
+
+
+def _fields(keys) -> dict:
+    return {".": {}, **{f"f:{k}": {} for k in keys}}
+
+
+def installed(obj: dict, manager: str, operation: str, extra: dict | None = None,
+              others: list[dict] | None = None) -> dict:
+    """`obj` as an installer wrote it: its labels and annotations plus `extra`'s (Helm's own), and
+    managedFields saying `manager` set them, with `operation` (Apply: server-side)."""
+    obj = copy.deepcopy(obj)
+    meta = obj["metadata"]
+    for part in ("labels", "annotations"):
+        meta[part] = {**(meta.get(part) or {}), **((extra or {}).get(part) or {})}
+    meta["managedFields"] = [*(others or []), {
+        "manager": manager, "operation": operation, "apiVersion": "admissionregistration.k8s.io/v1",
+        "time": "2026-12-05T08:00:00Z", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:labels": _fields(meta["labels"]), "f:annotations": _fields(meta["annotations"])},
+                     "f:spec": {"f:failurePolicy": {}}}}]
+    return obj
+
+
+def _shared(body: dict) -> dict:
+    return next(o for o in desired_objects(body) if obj_key(o) == SHARED_VAP)
+
+
+def test_a_shared_admission_object_is_the_installs_by_its_label_whoever_manages_it():
+    body = policy_body()
+    by_helm = installed(_shared(body), "helm", "Apply", HELM_META)
+    assert compare.is_shared(by_helm) and compare.is_ours(by_helm, "any", None)
+    # Helm's managed-by label and release annotations, or any other label, are the installer's: not drift.
+    assert compare.differences(_shared(body), by_helm) == []
+    unlabelled = copy.deepcopy(by_helm)
+    del unlabelled["metadata"]["labels"][compare.SHARED_LABEL]
+    assert not compare.is_shared(unlabelled) and not compare.is_ours(unlabelled, NAME, UID)
+    changed = copy.deepcopy(by_helm)
+    changed["spec"]["failurePolicy"] = "Ignore"
+    assert compare.differences(_shared(body), changed) == ["spec.failurePolicy"]
+
+
+def test_the_installer_of_a_shared_object_is_the_manager_that_set_the_install_label():
+    want = _shared(policy_body())
+    status = {"manager": "validatingadmissionpolicy-status", "operation": "Apply", "subresource": "status",
+              "fieldsV1": {"f:status": {"f:typeChecking": {}}}}
+    helm = compare.installer_of(installed(want, "helm", "Apply", HELM_META, others=[status]))
+    assert (helm.manager, helm.server_side) == ("helm", True)
+    assert helm.labels == {**want["metadata"]["labels"], MANAGED_BY_LABEL: "Helm"}
+    assert helm.annotations == {**want["metadata"]["annotations"], **HELM_META["annotations"]}
+    # A label set by somebody else is not the installer's to write again.
+    other = installed(want, "kubectl", "Apply")
+    other["metadata"]["labels"]["team"] = "x"
+    assert "team" not in compare.installer_of(other).labels
+    # Client-side kubectl apply: a whole-object writer, whose record of what it applied is the object's own.
+    client_side = installed(want, "kubectl-client-side-apply", "Update",
+                            {"annotations": {compare.LAST_APPLIED: "{...}"}})
+    own = compare.installer_of(client_side)
+    assert (own.manager, own.server_side, own.annotations[compare.LAST_APPLIED]) == (
+        "kubectl-client-side-apply", False, "{...}")
+    assert compare.LAST_APPLIED not in compare.installer_of(client_side, same_object=False).annotations
+    # Of two server-side appliers, the later: its apply is what the next upgrade repeats.
+    both = installed(want, "kubectl", "Apply")
+    both["metadata"]["managedFields"].append({**both["metadata"]["managedFields"][0], "manager": "argocd-controller",
+                                              "time": "2026-12-05T09:00:00Z"})
+    assert compare.installer_of(both).manager == "argocd-controller"
+    # No record (an emulator): the copy's labels and annotations, the operator's own name.
+    bare = compare.installer_of({**want, "metadata": {**want["metadata"], "labels": {"a": "b"}}})
+    assert (bare.manager, bare.labels) == (None, {"a": "b"})
+    # Nothing known at all: written as the render prints it.
+    assert compare.as_installed(want, compare.Installer())["metadata"] == {
+        k: want["metadata"][k] for k in ("name", "labels", "annotations")}
+
+
+def _helm_installed(body: dict, allow) -> tuple[FakeApi, OperatorState]:
+    objects = [installed(o, "helm", "Apply", HELM_META) if compare.is_shared(o) else o for o in desired_objects(body)]
+    api = FakeApi(*objects, policy=body, allow=allow | {"patch_status"})
+    state = make_state(api)
+    run(pass_of(state, "resync"))
+    assert api.writes == [("patch_status", *api.writes[0][1:])]  # Helm's labels are not drift: only the status
+    api.calls.clear()
+    api.allow = set(allow)
+    return api, state
+
+
+def test_a_deleted_shared_policy_is_put_back_as_its_installer_wrote_it_in_its_name():
+    api, state = _helm_installed(policy_body(), READS | {"apply", "patch_status"})
+    gone = api.objects.pop(SHARED_VAP)
+    state.children.remembered[SHARED_VAP] = gone  # what the watch last held of it
+    sink = Sink()
+    run(pass_of(state, "drift", sink))
+    assert api.managers == [("apply", SHARED_VAP, "helm")]
+    back = api.objects[SHARED_VAP]
+    assert (back["metadata"]["labels"], back["metadata"]["annotations"], back["spec"]) == (
+        gone["metadata"]["labels"], gone["metadata"]["annotations"], gone["spec"])
+    assert sink.reasons() == [("Normal", cond.EVENT_DRIFT_CORRECTED)] and api.policy["status"]["driftCorrections"] == 1
+
+
+def test_a_shared_policy_the_operator_never_saw_is_put_back_as_the_other_shared_objects_installer_wrote_them():
+    api, state = _helm_installed(policy_body(), READS | {"apply", "patch_status"})
+    api.objects.pop(SHARED_VAP)  # gone before the operator started: nothing remembered
+    run(pass_of(state, "drift"))
+    assert api.managers == [("apply", SHARED_VAP, "helm")]
+    assert api.objects[SHARED_VAP]["metadata"]["labels"][MANAGED_BY_LABEL] == "Helm"
+
+
+def test_a_hand_edit_of_a_shared_policys_spec_goes_back_by_an_apply_in_its_installers_name():
+    api, state = _helm_installed(policy_body(), READS | {"apply", "patch_status"})
+    want = copy.deepcopy(api.objects[SHARED_VAP]["spec"])
+    _edit(api, SHARED_VAP, lambda o: o["spec"].update(failurePolicy="Ignore"))
+    run(pass_of(state, "drift"))
+    assert api.managers == [("apply", SHARED_VAP, "helm")] and api.objects[SHARED_VAP]["spec"] == want
+
+
+def test_a_shared_policy_of_a_whole_object_writer_is_put_back_by_a_create_in_its_name():
+    body = policy_body()
+    objects = [installed(o, "kubectl-client-side-apply", "Update", {"annotations": {compare.LAST_APPLIED: "{}"}})
+               if compare.is_shared(o) else o for o in desired_objects(body)]
+    api = FakeApi(*objects, policy=body, allow=READS | {"create", "patch_status"})
+    state = make_state(api)
+    run(pass_of(state, "resync"))
+    api.managers.clear()
+    state.children.remembered[SHARED_VAP] = api.objects.pop(SHARED_VAP)
+    run(pass_of(state, "drift"))
+    assert api.managers == [("create", SHARED_VAP, "kubectl-client-side-apply")]
+    assert api.objects[SHARED_VAP]["metadata"]["annotations"][compare.LAST_APPLIED] == "{}"
+
+
+def test_a_shared_name_held_without_the_install_label_is_a_conflict_named_for_its_kind():
+    body = policy_body()
+    objects = desired_objects(body)
+    for obj in objects:
+        if obj_key(obj) == SHARED_VAP:
+            del obj["metadata"]["labels"][compare.SHARED_LABEL]
+    api = FakeApi(*objects, policy=body, allow=READS | {"patch_status"})
+    done = run(pass_of(make_state(api), "resync"))
+    assert done.findings.conflicts == [
+        f"ValidatingAdmissionPolicy {SHARED_VAP[2]} exists and is not the install's shared admission object "
+        "(no label katasizing.dev/shared=admission); left untouched"]
+    conditions = {c["type"]: c for c in api.policy["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == conditions["Conflict"]["reason"] == "UnmanagedAdmissionPolicy"
 
 
 # --- conditions and status -------------------------------------------------------------------

@@ -3,16 +3,20 @@
 Pure. The rules of what counts as the operator's field live here and only here: quantities
 compare by value (the API server may print 1Gi for 1024Mi), other people's labels and
 annotations are not drift, on a chart's RuntimeClass (KataDeploy mode, `guarded`) only what the
-policy decides is, and on an admission object a field the server filled in at its default is not.
+policy decides is, on an admission object a field the server filled in at its default is not,
+and on the install's shared admission objects only the spec is (their labels and annotations are
+their installer's, who also keeps the API server's record of who wrote each field: `Installer`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.quantity import QuantityError, parse_quantity
-from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, SHARED_ADMISSION, SHARED_LABEL
+from ..core.render import MANAGED_BY_LABEL, POLICY_LABEL, SHARED_ADMISSION, SHARED_LABEL
 from .kinds import is_admission_kind
 
 
@@ -43,7 +47,11 @@ def _scheduling_view(scheduling: dict | None) -> tuple:
 
 def _decided_labels(desired: dict, guarded: bool) -> dict:
     """The labels the operator puts on an object. On the chart's RuntimeClasses Helm stamps
-    `app.kubernetes.io/managed-by: Helm` over ours: that key is Helm's there, not drift."""
+    `app.kubernetes.io/managed-by: Helm` over ours: that key is Helm's there, not drift. On the
+    install's shared admission objects none: every label there is the installer's (the one that
+    makes them the install's, `katasizing.dev/shared`, is how they are recognised: `is_shared`)."""
+    if is_shared(desired):
+        return {}
     labels = desired["metadata"].get("labels") or {}
     return {k: v for k, v in labels.items() if not (guarded and k == MANAGED_BY_LABEL)}
 
@@ -177,15 +185,20 @@ def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
 
 
 def is_shared(obj: dict | None) -> bool:
-    """One of the admission policies every policy binds: labelled so, and as kata-sizing's."""
+    """One of the install's shared admission objects (the admission policies every policy's
+    bindings name, and whatever else `kata-sizing render --shared` prints), by the label the
+    install promises, whoever installed it: kubectl, Helm and Flux's helm-controller (which stamp
+    `app.kubernetes.io/managed-by: Helm` and `meta.helm.sh/release-*` over the chart's), Flux's
+    kustomize-controller, Argo CD. Their names carry the contract version (`-v1`), so the name a
+    policy's render wants is the version its parameters are written for."""
     labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-    return labels.get(SHARED_LABEL) == SHARED_ADMISSION and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+    return labels.get(SHARED_LABEL) == SHARED_ADMISSION
 
 
 def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
-    """Labelled for this policy, or owned by it, or one of the admission policies every policy
-    shares (labelled so, and as kata-sizing's). Otherwise the managed-by label is not looked at:
-    Helm replaces it with its own on the RuntimeClasses the kata-deploy chart creates from our values."""
+    """Labelled for this policy, or owned by it, or one of the install's shared admission objects.
+    Otherwise the managed-by label is not looked at: Helm replaces it with its own on the
+    RuntimeClasses the kata-deploy chart creates from our values, and on the shared objects."""
     meta = live.get("metadata") or {}
     labels = meta.get("labels") or {}
     if labels.get(POLICY_LABEL) == policy_name:
@@ -193,3 +206,73 @@ def is_ours(live: dict, policy_name: str, policy_uid: str | None) -> bool:
     if is_shared(live):
         return True
     return bool(policy_uid) and any(o.get("uid") == policy_uid for o in meta.get("ownerReferences") or [])
+
+
+# --- writing a shared object as its installer wrote it --------------------------------------------
+
+# An annotation that describes one object only (client-side `kubectl apply`'s record of what it
+# applied there): never copied from one shared object onto another.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+@dataclass(frozen=True)
+class Installer:
+    """Who wrote a shared admission object, read from a copy of it (docs/gitops.md, one owner):
+    the field manager that set its `katasizing.dev/shared` label in the API server's record
+    (`metadata.managedFields`), whether that manager applies server-side (Helm 4, `kubectl apply
+    --server-side`, Argo CD with ServerSideApply) or writes whole objects (client-side `kubectl
+    apply`, Helm 3 and Flux's helm-controller), and the labels and annotations it set. `manager`
+    None: the copy says nothing of it (no managedFields), and the operator writes in its own
+    name; `labels` None: there is no copy, and the object is written as the render prints it."""
+
+    manager: str | None = None
+    server_side: bool = False
+    labels: Mapping[str, str] | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def _owned_keys(fields: Mapping, section: str) -> set[str] | None:
+    owned = ((fields.get("f:metadata") or {}).get(f"f:{section}"))
+    if owned is None:
+        return None
+    return {k.removeprefix("f:") for k in owned if k.startswith("f:")}
+
+
+def installer_of(copy_of: dict, same_object: bool = True) -> Installer:
+    """The installer of a shared object, from a copy of it (`same_object`), or of the shared set
+    it belongs to, from a copy of another of its objects (whose per-object annotations are not
+    this object's). Of the managers that set the install's label, one that applies server-side
+    and the latest of those: a later server-side apply is what the next upgrade repeats."""
+    meta = copy_of.get("metadata") or {}
+    labels, annotations = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+    if not same_object:
+        annotations.pop(LAST_APPLIED, None)
+    setters = [e for e in meta.get("managedFields") or []
+               if SHARED_LABEL in (_owned_keys(e.get("fieldsV1") or {}, "labels") or set())]
+    if not setters:
+        return Installer(labels=labels, annotations=annotations)
+    entry = max(setters, key=lambda e: (e.get("operation") == "Apply", e.get("time") or ""))
+    fields = entry.get("fieldsV1") or {}
+    owned_labels, owned_annotations = _owned_keys(fields, "labels") or set(), _owned_keys(fields, "annotations") or set()
+    return Installer(
+        manager=entry.get("manager") or None, server_side=entry.get("operation") == "Apply",
+        labels={k: v for k, v in labels.items() if k in owned_labels},
+        annotations={k: v for k, v in annotations.items() if k in owned_annotations})
+
+
+def as_installed(desired: dict, installer: Installer) -> dict:
+    """`desired` as its installer writes it: the installer's labels and annotations (those the
+    render prints where nothing is known of them), the policy's spec. For a server-side installer
+    this is the apply configuration the operator applies in the installer's name; otherwise the
+    object it creates."""
+    meta: dict[str, Any] = {"name": desired["metadata"]["name"]}
+    if installer.labels is None:
+        labels, annotations = desired["metadata"].get("labels") or {}, desired["metadata"].get("annotations") or {}
+    else:
+        labels, annotations = installer.labels, installer.annotations
+    if labels:
+        meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": desired["apiVersion"], "kind": desired["kind"], "metadata": meta,
+            "spec": copy.deepcopy(desired.get("spec") or {})}

@@ -20,6 +20,16 @@ REASON_NOT_APPLIED = "NotApplied"
 REASON_DRIFT_REPORTED = "DriftReported"
 REASON_RUNTIME_CLASS_MISSING = "RuntimeClassMissing"
 REASON_CONFLICT = "UnmanagedRuntimeClass"
+# Somebody else's object holds a name the policy writes: the reason names its kind (the first's,
+# when several conflict; the message names them all).
+CONFLICT_REASONS = {
+    "RuntimeClass": REASON_CONFLICT,
+    "ConfigMap": "UnmanagedConfigMap",
+    "ValidatingAdmissionPolicy": "UnmanagedAdmissionPolicy",
+    "MutatingAdmissionPolicy": "UnmanagedAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding": "UnmanagedAdmissionPolicyBinding",
+    "MutatingAdmissionPolicyBinding": "UnmanagedAdmissionPolicyBinding",
+}
 REASON_NO_CONFLICT = "NoConflict"
 REASON_REFUSED = "RefusedByServer"
 REASON_OUTPUT_NAMESPACE_MISSING = "OutputNamespaceMissing"

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .api_errors import Conflict, Invalid, NotFound, PermanentApiError
-from .compare import corrected, differences, is_ours, is_shared
+from .compare import as_installed, corrected, differences, is_ours, is_shared
 from .kinds import ObjKey, describe, is_admission_kind
-from .plan import Action, Verb
+from .plan import Action, Verb, conflict_text
 from .retry import CONFLICT_ATTEMPTS
 
 # Writes one pass has in flight at once. More would shorten a single policy's creation a little
@@ -178,16 +178,32 @@ async def _write_once(api, action: Action, live: dict | None, label: str, owner:
     key, want = action.key, action.want
     assert want is not None
     body = action.body
+    installer = action.installer
+    # A shared object is written in its installer's name (compare.Installer): the API server then
+    # records its fields as the installer's, and the installer's next apply or upgrade finds them
+    # its own (never a conflict with the operator).
+    manager = {"field_manager": installer.manager} if installer is not None and installer.manager else {}
     for _ in range(CONFLICT_ATTEMPTS):
         try:
+            if live is None and action.guarded:
+                outcome.results[key] = Result(GONE, f"{describe(key)} is gone")
+                return None
+            if installer is not None and installer.manager and installer.server_side:
+                written = await api.apply(body if body is not None else as_installed(want, installer),
+                                          installer.manager)
+                if differences(want, written, False):
+                    # Fields the policy leaves out that somebody else set (an item added to a keyed
+                    # list): an apply leaves them; a replace removes them and claims no field.
+                    written = await api.replace(corrected(want, written, False))
+            elif live is None:
+                fresh = as_installed(want, installer) if installer is not None else want
+                written = await api.create(body if body is not None else fresh, **manager)
+            else:
+                written = await api.replace(body if body is not None else corrected(want, live, action.guarded),
+                                            **manager)
             if live is None:
-                if action.guarded:
-                    outcome.results[key] = Result(GONE, f"{describe(key)} is gone")
-                    return None
-                written = await api.create(want)
                 text = f"{'re-created' if label == 're-created' else 'created'} {describe(key)}"
             else:
-                written = await api.replace(body if body is not None else corrected(want, live, action.guarded))
                 text = f"{label} {describe(key)}"
             _remember(children, written)
             _landed(outcome, key, text + (" (handler changed)" if label == "re-created" else ""))
@@ -198,8 +214,7 @@ async def _write_once(api, action: Action, live: dict | None, label: str, owner:
             if children is not None:
                 children.held(key, foreign)
             if foreign:
-                outcome.results[key] = Result(CONFLICTED, f"{describe(key)} exists and is not managed by this "
-                                                          "policy; left untouched")
+                outcome.results[key] = Result(CONFLICTED, conflict_text(action))
                 return None
             _remember(children, live)
             if live is not None and not differences(want, live, action.guarded):

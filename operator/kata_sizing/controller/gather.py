@@ -239,5 +239,6 @@ async def gather(state: OperatorState, record: PolicyRecord, trigger: str) -> Ga
         previous=state.desired.by_policy.get(name), nodes_known=inputs.facts is not None,
         unmanaged=inputs.unmanaged, pod_findings=inputs.pod_findings,
         measurement=measurement, proposal=proposal, webhook_serving=state.webhook_serving,
+        remembered={key: state.children.remembered[key] for key in keys if key in state.children.remembered},
         reported=record.reported, announced=dict(record.announced),
     )

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import kopf
 
+from ..core.crdgen import CRD_NAME
 from ..core.model import GROUP, PLURAL, VERSION
 from ..core.podfit import policies_opted_into, route_patch
 from ..core.podread import PodInputError
@@ -32,7 +33,7 @@ from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError
 from .cluster import namespace_labels, summarize_node, summarize_pod
 from .events import EventPoster
-from .informer import ChildCache, Informer, name_key
+from .informer import ChildCache, Informer, name_key, policy_crd
 from .kube import KubeApi
 from .kubelet import DirectKubelets, KubeletOptions
 from .leader import LeaderElector
@@ -49,6 +50,17 @@ KOPF_CONNECTIONS = 2
 # kopf says "Handler 'x' succeeded." at INFO for every event its handlers take: one line per
 # policy status write, which tells an administrator nothing. Its warnings and errors stay.
 KOPF_OBJECT_LOG_LEVEL = logging.WARNING
+# What the operator says, once, when the policies' CRD goes while it runs (docs/install.md).
+CRD_GONE = ("CustomResourceDefinition %s was deleted, and every KataSizingPolicy with it: the operator stops "
+            "(restarted, it waits for the CRD to come back); what the policies made is left to the garbage "
+            "collector and the uninstall's sweep")
+
+
+def stop_when_the_crd_goes(stop: asyncio.Event) -> None:
+    """Say that the policies' CRD went, and stop kopf (before its watch of the policies meets 404)."""
+    if not stop.is_set():
+        log.warning(CRD_GONE, CRD_NAME)
+        stop.set()
 
 
 def _bounded_login(login):
@@ -133,8 +145,12 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> N
     state.measurement = _measurement_loop(state, memo)
     metrics.track_measurement(state.measurement)
     metrics.track_task(worker.POLICY_WATCH)
+    # run_operator's stop flag: with it, the operator stops cleanly when its CRD is deleted.
+    crd_stop: asyncio.Event | None = getattr(memo, "crd_stop", None)
     # Each task goes on after a raise (said at ERROR, counted, started again: retry.keep_running).
     state.background = [
+        *([_background("crd-informer", policy_crd(api, lambda: stop_when_the_crd_goes(crd_stop)).run)]
+          if crd_stop is not None else []),
         *([_background("leader-election", leader.run)] if leader else []),
         *(_background(f"{i.collection}-informer", i.run) for i in state.informers()),
         _background("pass-queue", state.work.run),

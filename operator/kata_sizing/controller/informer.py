@@ -25,8 +25,10 @@ import random
 from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar, cast
 
+from ..core.crdgen import CRD_NAME
 from ..core.render import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 from .api_errors import ApiError
+from .compare import is_shared
 from .kinds import ADMISSION_GROUP, KINDS, ObjKey
 from .retry import WATCH_RETRY_BASE_S, WATCH_RETRY_CAP_S, backoff_s
 
@@ -57,6 +59,7 @@ class Informer(Generic[T]):
         self, api, kind: str, summarize: Callable[[dict], T | None], *,
         key: Callable[[dict], Hashable] = uid_key, label_selector: str | None = None,
         on_change: ChangeCallback | None = None, page_size: int = PAGE_SIZE, collection: str | None = None,
+        field_selector: str | None = None,
     ):
         self.api = api
         self.kind = kind
@@ -64,6 +67,7 @@ class Informer(Generic[T]):
         self.summarize = summarize
         self.key = key
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.on_change = on_change
         self.page_size = page_size
         self.items: dict[Hashable, T] = {}
@@ -123,7 +127,7 @@ class Informer(Generic[T]):
         while True:
             page, list_version, continue_token = await self.api.list_page(
                 self.kind, limit=self.page_size, continue_token=continue_token,
-                label_selector=self.label_selector,
+                label_selector=self.label_selector, field_selector=self.field_selector,
             )
             for obj in page:
                 summary = self.summarize(obj)
@@ -152,6 +156,7 @@ class Informer(Generic[T]):
                 timeout_s = random.randint(WATCH_TIMEOUT_S, 2 * WATCH_TIMEOUT_S)
                 async for event in self.api.watch_raw(
                     self.kind, self.resource_version, timeout_s, label_selector=self.label_selector,
+                    field_selector=self.field_selector,
                 ):
                     event_type, obj = event.get("type"), event.get("object") or {}
                     if event_type == "ERROR":
@@ -172,17 +177,33 @@ class Informer(Generic[T]):
                 await asyncio.sleep(delay)
 
 
+def policy_crd(api, on_gone: Callable[[], None]) -> Informer:
+    """The policies' own CustomResourceDefinition, followed by name: `on_gone` is called when the
+    CRD the operator saw is being deleted (its deletionTimestamp set: the API server deletes every
+    policy, then the CRD) or is gone. kopf's watch of the policies would meet 404 once it is."""
+    def changed(_key: Hashable, before: dict | None, after: dict | None) -> None:
+        if before is not None and not before["deleting"] and (after is None or after["deleting"]):
+            on_gone()
+
+    return Informer(api, "CustomResourceDefinition",
+                    lambda crd: {"deleting": bool((crd.get("metadata") or {}).get("deletionTimestamp"))},
+                    key=name_key, on_change=changed, field_selector=f"metadata.name={CRD_NAME}")
+
+
 # --- the managed children: slim copies, indexed by policy ----------------------------------
 
 # Fields the operator never reads nor writes back. A replace (PUT) without managedFields
 # keeps the server's; everything else of an object is kept so a PUT built from the cached
-# copy loses nothing somebody else wrote.
+# copy loses nothing somebody else wrote. The install's shared admission objects keep theirs: they
+# say who installed them, in whose name the operator writes them (compare.Installer).
 _DROPPED_METADATA = ("managedFields",)
 
 
 def slim_child(kind: str) -> Callable[[dict], dict]:
     def summarize(obj: dict) -> dict:
-        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _DROPPED_METADATA}
+        meta = obj.get("metadata") or {}
+        if not is_shared(obj):
+            meta = {k: v for k, v in meta.items() if k not in _DROPPED_METADATA}
         return {**{k: v for k, v in obj.items() if k != "metadata"}, "kind": kind, "metadata": meta}
 
     return summarize
@@ -246,6 +267,9 @@ class ChildCache(HeldNames):
             "RuntimeClass": self.runtime_classes, "ConfigMap": self.config_maps, **self.admission}
         self.by_policy: dict[str, set[ObjKey]] = {}
         self.held_by_others: set[ObjKey] = set()
+        # The install's shared admission objects that were deleted, as last seen (with who wrote
+        # them): a put-back writes what their installer had written (plan.shared_installer).
+        self.remembered: dict[ObjKey, dict] = {}
 
     def informers(self) -> list[Informer]:
         return list(self._by_kind.values())
@@ -258,6 +282,10 @@ class ChildCache(HeldNames):
             namespace, name = cast(tuple[str | None, str], key)
             obj_key = (kind, namespace, name)
             self._index(obj_key, before, after)
+            if after is not None:
+                self.remembered.pop(obj_key, None)
+            elif before is not None and is_shared(before):
+                self.remembered[obj_key] = before
             if self._on_change is not None:
                 self._on_change(obj_key, before, after)
 
@@ -314,6 +342,7 @@ class ChildCache(HeldNames):
             return
         before = informer.items.get((key[1], key[2]))
         informer.record(obj)
+        self.remembered.pop(key, None)
         self._index(key, before, informer.items.get((key[1], key[2])))
 
     def forget(self, key: ObjKey) -> None:

@@ -46,6 +46,7 @@ KINDS: dict[str, Kind] = {
     "Lease": Kind("coordination.k8s.io", "v1", "leases", namespaced=True),
     "Event": Kind("", "v1", "events", namespaced=True),
     KIND: Kind(GROUP, VERSION, PLURAL, namespaced=False),
+    "CustomResourceDefinition": Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False),
     "ValidatingAdmissionPolicy": Kind(ADMISSION_GROUP, "v1", "validatingadmissionpolicies", namespaced=False),
     "ValidatingAdmissionPolicyBinding": Kind(
         ADMISSION_GROUP, "v1", "validatingadmissionpolicybindings", namespaced=False),

@@ -37,6 +37,7 @@ from .kinds import ADMISSION_GROUP, ADMISSION_KINDS, ADMISSION_VERSIONS, KINDS, 
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
 REQUEST_TIMEOUT_S = 30
 # A write waits for the API server's own answer: the server ends a request at its
 # --request-timeout (60 s by default) with 504, and may have stored the object all the same.
@@ -200,13 +201,26 @@ class KubeApi:
 
     # --- the generic verbs -------------------------------------------------------------
 
-    async def create(self, body: dict) -> dict:
+    async def create(self, body: dict, field_manager: str = FIELD_MANAGER) -> dict:
+        """POST. `field_manager`: whose write the API server records it as (managedFields)."""
         kind = self.kind(body["kind"], body.get("apiVersion"))
         meta = body.get("metadata") or {}
         what = "create " + describe((body["kind"], meta.get("namespace"), meta.get("name") or ""))
         created = await self._json("POST", self.path(kind, meta.get("namespace")), what, body=body,
-                                   query={"fieldManager": FIELD_MANAGER}, timeout=WRITE_TIMEOUT_S)
+                                   query={"fieldManager": field_manager}, timeout=WRITE_TIMEOUT_S)
         return self._typed(created, body["kind"], kind)
+
+    async def apply(self, body: dict, field_manager: str) -> dict:
+        """A server-side apply of `body` (an apply configuration: the fields `field_manager` sets)
+        as `field_manager`, taking those fields from whoever changed them since (force): creates
+        the object if it is gone."""
+        kind = self.kind(body["kind"], body.get("apiVersion"))
+        meta = body["metadata"]
+        key = (body["kind"], meta.get("namespace"), meta["name"])
+        applied = await self._json("PATCH", self.path(kind, meta.get("namespace"), meta["name"]),
+                                   f"apply {describe(key)}", body=body, content_type=APPLY_PATCH,
+                                   query={"fieldManager": field_manager, "force": "true"}, timeout=WRITE_TIMEOUT_S)
+        return self._typed(applied, body["kind"], kind)
 
     async def read(self, key: ObjKey) -> dict | None:
         """The object, or None when there is none of that name."""
@@ -218,13 +232,13 @@ class KubeApi:
             return None
         return self._typed(found, kind_name, kind)
 
-    async def replace(self, body: dict) -> dict:
+    async def replace(self, body: dict, field_manager: str = FIELD_MANAGER) -> dict:
         """PUT with the body's resourceVersion: a stale one is a Conflict, never a lost edit."""
         kind = self.kind(body["kind"], body.get("apiVersion"))
         meta = body["metadata"]
         key = (body["kind"], meta.get("namespace"), meta["name"])
         replaced = await self._json("PUT", self.path(kind, meta.get("namespace"), meta["name"]),
-                                    f"replace {describe(key)}", body=body, query={"fieldManager": FIELD_MANAGER},
+                                    f"replace {describe(key)}", body=body, query={"fieldManager": field_manager},
                                     timeout=WRITE_TIMEOUT_S)
         return self._typed(replaced, body["kind"], kind)
 
@@ -318,6 +332,7 @@ class KubeApi:
 
     async def list_page(
         self, kind_name: str, limit: int, continue_token: str | None = None, label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> tuple[list[dict], str, str | None]:
         """One page of a collection: (objects as plain dicts, the list's resourceVersion, the
         continue token or None on the last page). Pages keep the peak memory of a 100,000-pod
@@ -325,17 +340,19 @@ class KubeApi:
         kind = self.kind(kind_name)
         body = await self._json(
             "GET", self.path(kind), f"list {kind.plural}", timeout=REQUEST_TIMEOUT_S * 2,
-            query={"limit": limit, "continue": continue_token, "labelSelector": label_selector})
+            query={"limit": limit, "continue": continue_token, "labelSelector": label_selector,
+                   "fieldSelector": field_selector})
         meta = body.get("metadata") or {}
         return body.get("items") or [], meta.get("resourceVersion") or "", meta.get("continue") or None
 
-    async def watch_raw(self, kind_name: str, resource_version: str, timeout_s: int, label_selector: str | None = None):
+    async def watch_raw(self, kind_name: str, resource_version: str, timeout_s: int, label_selector: str | None = None,
+                        field_selector: str | None = None):
         """Watch events ({type, object}) from a resourceVersion until the server ends the stream."""
         kind = self.kind(kind_name)
         response = await self._send(
             "GET", self.path(kind), f"watch {kind.plural}", timeout=timeout_s + REQUEST_TIMEOUT_S,
             query={"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": timeout_s,
-                   "allowWatchBookmarks": "true", "labelSelector": label_selector})
+                   "allowWatchBookmarks": "true", "labelSelector": label_selector, "fieldSelector": field_selector})
         stream = response.response
         try:
             async for line in stream.content:

@@ -11,6 +11,7 @@ import aiohttp.web
 import kopf
 
 from ..core import bounded
+from ..core.model import GROUP
 from . import policy_webhook
 from .leader import default_identity
 
@@ -148,6 +149,23 @@ def install_metrics(registry: kopf.OperatorRegistry, options: MetricsOptions,
     kopf.on.cleanup(registry=registry, id="metrics")(stop)
 
 
+def policies_gone(exc: BaseException | None) -> bool:
+    """A 404 from the policies' API (katasizing.dev): what kopf's watch of the policies meets once
+    their CRD is deleted. kopf's client error carries the status, and its cause (aiohttp's) the URL."""
+    if exc is None or getattr(exc, "status", None) != 404:
+        return False
+    url = getattr(getattr(exc.__cause__, "request_info", None), "url", "")
+    return f"/apis/{GROUP}/" in str(url)
+
+
+class PoliciesGoneFilter(logging.Filter):
+    """Drops the tracebacks of kopf's watch of the policies meeting 404 (their CRD deleted under
+    it): the operator says that in one line of its own (handlers.CRD_GONE)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and policies_gone(record.exc_info[1]))
+
+
 def configure_logging(log_format: str) -> None:
     """text: one readable line per record. json: one JSON object per record (kopf's own
     formatter, python-json-logger), with the reconcile line's fields as keys."""
@@ -155,6 +173,8 @@ def configure_logging(log_format: str) -> None:
         kopf.configure(log_format=kopf.LogFormat.JSON)
     else:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(PoliciesGoneFilter())
 
 
 def run_operator(
@@ -162,7 +182,7 @@ def run_operator(
     webhook: WebhookOptions | None = None, metrics: MetricsOptions | None = None,
     log_format: str = "text", lease=None, kubelet=None,
 ) -> int:
-    from .handlers import build_registry
+    from .handlers import build_registry, stop_when_the_crd_goes
 
     configure_logging(log_format)
     settings = kopf.OperatorSettings()
@@ -173,18 +193,27 @@ def run_operator(
         server = settings.admission.server
         install_metrics(registry, metrics, **(
             {"webhook_listening": lambda: server.listening} if isinstance(server, BoundedWebhookServer) else {}))
-    asyncio.run(kopf.operator(
-        registry=registry,
-        settings=settings,
-        standalone=standalone,
-        clusterwide=namespace is None,
-        namespaces=[namespace] if namespace else (),
-        liveness_endpoint=liveness,
-        # Without one, kopf names itself after the user from /etc/passwd (getpass), and the
-        # kubelet, unlike podman, adds no entry for the pod's runAsUser: the operator died at
-        # start-up on a real node (docs/testing.md).
-        identity=lease.identity if lease is not None else default_identity(),  # type: ignore[arg-type]  # kopf's NewType of str
-        # With a Lease only the holder's work queue runs passes (see leader.py).
-        memo=kopf.Memo(lease=lease, kubelet=kubelet),
-    ))
+    # Set when the policies' CRD is deleted (handlers.stop_when_the_crd_goes): kopf then stops.
+    crd_stop = asyncio.Event()
+    try:
+        asyncio.run(kopf.operator(
+            registry=registry,
+            settings=settings,
+            standalone=standalone,
+            clusterwide=namespace is None,
+            namespaces=[namespace] if namespace else (),
+            liveness_endpoint=liveness,
+            # Without one, kopf names itself after the user from /etc/passwd (getpass), and the
+            # kubelet, unlike podman, adds no entry for the pod's runAsUser: the operator died at
+            # start-up on a real node (docs/testing.md).
+            identity=lease.identity if lease is not None else default_identity(),  # type: ignore[arg-type]  # kopf's NewType of str
+            stop_flag=crd_stop,
+            # With a Lease only the holder's work queue runs passes (see leader.py).
+            memo=kopf.Memo(lease=lease, kubelet=kubelet, crd_stop=crd_stop),
+        ))
+    except Exception as exc:
+        if not policies_gone(exc):
+            raise
+        # kopf's watch met the 404 before the CRD's deletion reached the operator's own watch.
+        stop_when_the_crd_goes(crd_stop)
     return 0

@@ -14,11 +14,12 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from ..core.labels import SHARED_ADMISSION, SHARED_LABEL
 from ..core.model import API_VERSION, KIND, KataSizingPolicy, PolicyError, parse_policy
 from ..core.render import Rendered, configmap_names, render_policy
 from ..core.sizing import PolicySizing, Severity, size_policy
 from ..core.statusmodel import KataSizingPolicyStatus, MeasurementStatus, ProposalStatus
-from .compare import corrected, differences, is_ours
+from .compare import Installer, as_installed, corrected, differences, installer_of, is_ours, is_shared
 from .kinds import ObjKey, describe, obj_key
 
 
@@ -88,6 +89,8 @@ class Action:
     # parameters do not exist denies every pod it matches). A refused policy is no reason to hold
     # the binding back: the server says why it refuses that too.
     needs: tuple[ObjKey, ...] = ()
+    # One of the install's shared admission objects: written in its installer's name (compare.Installer).
+    installer: Installer | None = None
 
     @property
     def writes(self) -> bool:
@@ -105,15 +108,18 @@ def binding_refs(want: dict | None) -> tuple[ObjKey | None, ObjKey | None]:
     return policy, (("ConfigMap", ref.get("namespace"), ref["name"]) if ref.get("name") else None)
 
 
-def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_policy: str, trigger: Trigger) -> Action:
+def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_policy: str, trigger: Trigger,
+           installer: Installer | None = None) -> Action:
     """The action for one object, and why: `want` is what the policy renders for the name (None:
-    it renders nothing there), `have` the live object (None: none exists)."""
+    it renders nothing there), `have` the live object (None: none exists). `installer`: for one of
+    the install's shared admission objects, who installed it; what is written is then what that
+    installer would write (its labels and annotations, the policy's spec), in its name."""
     key = obj_key(want if want is not None else have or {})
     guarded = ownership is Ownership.GUARDED
 
     def action(verb: Verb, reason: Reason, **more) -> Action:
         return Action(verb, key, reason, want=want, have=have, guarded=guarded, trigger=trigger,
-                      drift=trigger is Trigger.DRIFT and verb is not Verb.DELETE, **more)
+                      drift=trigger is Trigger.DRIFT and verb is not Verb.DELETE, installer=installer, **more)
 
     if ownership is Ownership.FOREIGN:
         return action(Verb.CONFLICT if want is not None else Verb.NOTHING, Reason.FOREIGN)
@@ -128,7 +134,8 @@ def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_pol
         if guarded:
             return action(Verb.MISSING, Reason.CHART_MISSING, differences=("(missing)",))
         if write:
-            return action(Verb.CREATE, Reason.MISSING, body=copy.deepcopy(want), differences=("(missing)",))
+            body = as_installed(want, installer) if installer is not None else copy.deepcopy(want)
+            return action(Verb.CREATE, Reason.MISSING, body=body, differences=("(missing)",))
         return action(Verb.REPORT, Reason.MISSING, differences=("(missing)",))
     found = tuple(differences(want, have, guarded))
     if not found:
@@ -141,8 +148,24 @@ def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_pol
             return action(Verb.RECREATE, Reason.HANDLER_CHANGED, body=copy.deepcopy(want), differences=found)
         return action(Verb.REPORT, Reason.HANDLER_CHANGED, differences=found)
     if write:
-        return action(Verb.REPLACE, Reason.DIFFERS, body=corrected(want, have, guarded), differences=found)
+        # A server-side installer's fields go back in its name (an apply of its configuration), so
+        # its next apply finds them its own; a whole-object writer's, by a replace.
+        body = as_installed(want, installer) if installer is not None and installer.server_side \
+            else corrected(want, have, guarded)
+        return action(Verb.REPLACE, Reason.DIFFERS, body=body, differences=found)
     return action(Verb.REPORT, Reason.DIFFERS, differences=found)
+
+
+def shared_installer(have: dict | None, remembered: dict | None, live: Mapping[ObjKey, dict]) -> Installer:
+    """Who installed a shared admission object: from the live object; for one that is gone, from
+    the copy the operator's watch last held of it; for one it never saw, from another object of
+    the install's shared set; otherwise nobody known (it is written as the render prints it)."""
+    if have is not None:
+        return installer_of(have)
+    if remembered is not None:
+        return installer_of(remembered)
+    siblings = sorted((o for o in live.values() if is_shared(o)), key=lambda o: o["metadata"]["name"])
+    return installer_of(siblings[0], same_object=False) if siblings else Installer()
 
 
 # --- what a policy wants ---------------------------------------------------------------------
@@ -349,6 +372,8 @@ class Gathered:
     measurement: MeasurementStatus | None = None
     proposal: ProposalStatus | None = None
     webhook_serving: bool | None = None
+    # Shared admission objects the policy wants that are gone, as the watch last held them.
+    remembered: Mapping[ObjKey, dict] = field(default_factory=dict)
     # Drift already reported, as (key, resourceVersion); events already posted, by reason.
     reported: frozenset = frozenset()
     announced: Mapping[str, object] = field(default_factory=dict)
@@ -372,10 +397,10 @@ class Plan:
 
 
 def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Mapping[ObjKey, dict],
-                 pass_trigger: str, previous: Desired | None) -> Plan:
+                 pass_trigger: str, previous: Desired | None, remembered: Mapping[ObjKey, dict] | None = None) -> Plan:
     """One action per object the policy wants, and per object of the policy it no longer renders.
     `live` holds the object with each wanted name (absent: none exists); `live_of_policy` the
-    objects labelled for the policy."""
+    objects labelled for the policy; `remembered` the last copies of shared objects that are gone."""
     desired = intent.desired
     if desired is None:
         return Plan(intent)  # invalid: the objects of the last valid generation stay as they were
@@ -386,7 +411,8 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
         have = live.get(key)
         ownership = Ownership.FOREIGN if have is not None and not is_ours(have, *owner) else role
         trigger = key_trigger(pass_trigger, previous, key, want)
-        action = decide(want, have, ownership, desired.drift_policy, trigger)
+        installer = shared_installer(have, (remembered or {}).get(key), live) if is_shared(want) else None
+        action = decide(want, have, ownership, desired.drift_policy, trigger, installer)
         if ownership is Ownership.FOREIGN and role is Ownership.GUARDED:
             action = replace(action, guarded=True)  # the chart's object, without our labels
         policy, params = binding_refs(want)
@@ -407,10 +433,14 @@ def plan_objects(intent: Intent, live: Mapping[ObjKey, dict], live_of_policy: Ma
 
 
 def plan_pass(gathered: Gathered) -> Plan:
-    return plan_objects(gathered.intent, gathered.live, gathered.live_of_policy, gathered.trigger, gathered.previous)
+    return plan_objects(gathered.intent, gathered.live, gathered.live_of_policy, gathered.trigger, gathered.previous,
+                        gathered.remembered)
 
 
 def conflict_text(action: Action) -> str:
     if action.guarded:
         return f"{describe(action.key)} is not labelled for this policy; left untouched"
+    if is_shared(action.want):
+        return (f"{describe(action.key)} exists and is not the install's shared admission object (no label "
+                f"{SHARED_LABEL}={SHARED_ADMISSION}); left untouched")
     return f"{describe(action.key)} exists and is not managed by this policy; left untouched"

@@ -66,6 +66,7 @@ class Findings:
 
     writes: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    conflict_kinds: list[str] = field(default_factory=list)  # the kind of each of `conflicts`
     missing: list[str] = field(default_factory=list)
     drifted: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
@@ -252,13 +253,18 @@ def _conditions(findings: Findings, generation: int | None) -> list[Condition]:
     valid = not findings.invalid
     reason, message = next(((r, says(findings)) for name, r, says in IN_SYNC_ORDER if getattr(findings, name)),
                            (cond.REASON_IN_SYNC, "every managed object matches the policy"))
+    # Somebody else's object holds a name: the reason names its kind (the first one's).
+    conflict = cond.CONFLICT_REASONS.get(findings.conflict_kinds[0], cond.REASON_CONFLICT) \
+        if findings.conflict_kinds else cond.REASON_CONFLICT
+    if reason == cond.REASON_CONFLICT:
+        reason = conflict
     ready = valid and reason == cond.REASON_IN_SYNC
     return [
         cond.condition(cond.VALID, True, cond.REASON_VALID, "; ".join(findings.warnings) or "all sizing rules hold",
                        generation) if valid else
         cond.condition(cond.VALID, False, cond.REASON_INVALID, "; ".join(findings.invalid), generation),
         cond.condition(cond.CONFLICT, bool(findings.conflicts),
-                       cond.REASON_CONFLICT if findings.conflicts else cond.REASON_NO_CONFLICT,
+                       conflict if findings.conflicts else cond.REASON_NO_CONFLICT,
                        "; ".join(findings.conflicts), generation),
         cond.condition(cond.IN_SYNC, reason == cond.REASON_IN_SYNC, reason, message, generation),
         cond.condition(cond.READY, ready, reason if valid else cond.REASON_INVALID,
@@ -491,6 +497,8 @@ class _Tally:
         said = ACTION_OUTCOMES[outcome_key(action, result)]
         if said.finding is not None and said.line is not None:
             getattr(findings, said.finding).append(said.line(action, result))
+            if said.finding == "conflicts":
+                findings.conflict_kinds.append(action.key[0])
         if said.stands:
             version = ((action.have or {}).get("metadata") or {}).get("resourceVersion") or "missing"
             self.reported.add((action.key, version))

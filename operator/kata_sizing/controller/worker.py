@@ -61,16 +61,17 @@ async def process(state: OperatorState, name: str, trigger: str) -> None:
     record = state.records.get(name)
     if record is None:
         return
-    if record.body is None:
+    if record.body is not None:
+        try:
+            async with asyncio.timeout(CHILDREN_SYNC_TIMEOUT_S):
+                await state.children.wait_synced()
+        except TimeoutError:
+            raise TransientApiError(None, "the RuntimeClass, ConfigMap and admission caches have not synced yet") from None
+    if record.body is None:  # deleted, perhaps while the caches synced (every policy goes with its CRD)
         state.forget_policy(name)
         metrics.forget_policy(name)
         log.info("policy %s deleted; the garbage collector removes what the operator made for it", name)
         return
-    try:
-        async with asyncio.timeout(CHILDREN_SYNC_TIMEOUT_S):
-            await state.children.wait_synced()
-    except TimeoutError:
-        raise TransientApiError(None, "the RuntimeClass, ConfigMap and admission caches have not synced yet") from None
     if has_old_bookkeeping(record.body):
         await release_old_finalizer(state, record)
     if record.body is None or (record.body.get("metadata") or {}).get("deletionTimestamp"):
