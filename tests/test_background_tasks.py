@@ -167,11 +167,11 @@ class Collection:
         self.lists = 0
         self.events: list[dict] = []
 
-    async def list_page(self, kind, limit, continue_token=None, label_selector=None):
+    async def list_page(self, kind, limit, continue_token=None, label_selector=None, field_selector=None):
         self.lists += 1
         return copy.deepcopy(self.objects), str(self.lists), None
 
-    async def watch_raw(self, kind, resource_version, timeout_s, label_selector=None):
+    async def watch_raw(self, kind, resource_version, timeout_s, label_selector=None, field_selector=None):
         while not self.events:
             await asyncio.sleep(0.005)
         while self.events:

@@ -278,17 +278,19 @@ def put_back_in_the_installers_name(cp: ControlPlane, path: str, installer: tupl
 
 def test_a_shared_policy_the_install_applied_server_side_is_put_back_as_it_applied_it_and_applies_again(
         control_plane, real_operator):
-    """`kubectl apply --server-side -k manifests/`: a deleted shared admission policy (one of each
-    kind) is put back in kubectl's name, as kubectl applied it, and the next server-side apply of
-    manifests/ succeeds without --force-conflicts (Helm 4's upgrade, which applies server-side too,
-    failed with a conflict on .metadata.labels with the operator's put-back)."""
+    """`kubectl apply --server-side -k manifests/`: a deleted shared admission object (a policy and
+    a keep-alive binding of each kind) is put back in kubectl's name, as kubectl applied it, and the
+    next server-side apply of manifests/ succeeds without --force-conflicts (Helm 4's upgrade, which
+    applies server-side too, failed with a conflict on .metadata.labels with the operator's put-back)."""
     cp = control_plane
     manifests = str(ROOT / "manifests")
     cp.kubectl("apply", "--server-side", "-k", manifests)
     real_operator.start()
     create_ready(cp, qemu_rs("applied"))
     for key in (("ValidatingAdmissionPolicy", podfit.SHARED_NAMES["memory"]),
-                ("MutatingAdmissionPolicy", podfit.SHARED_NAMES["route"])):
+                ("MutatingAdmissionPolicy", podfit.SHARED_NAMES["route"]),
+                ("ValidatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["envelope"]),
+                ("MutatingAdmissionPolicyBinding", podfit.KEEP_ALIVE_NAMES["route"])):
         before = cp.get(path_of(key))
         assert ("kubectl", "Apply") in writers(before)
         cp.delete(path_of(key))
