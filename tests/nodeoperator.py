@@ -54,7 +54,8 @@ WEBHOOK_SERVICE = f"{RELEASE}-webhook"
 METRICS_PORT = 8081  # the chart's metrics.port
 SELECTOR = "app.kubernetes.io/name=kata-sizing,app.kubernetes.io/component=operator"
 SHARED_SELECTOR = "katasizing.dev/shared=admission"
-SHARED_ADMISSION_KINDS = "validatingadmissionpolicies,mutatingadmissionpolicies"
+SHARED_ADMISSION_KINDS = ("validatingadmissionpolicies,mutatingadmissionpolicies,validatingadmissionpolicybindings,"
+                          "mutatingadmissionpolicybindings")
 
 
 # --- the node's configuration from the operator's own guidance ------------------------------

@@ -307,7 +307,8 @@ def test_a_shared_policy_the_install_applied_server_side_is_put_back_as_it_appli
     assert again.returncode == 0, again.stderr
     writes = cp.operator_writes(real_operator.started_at_offset)
     assert {(w.verb, w.resource) for w in writes if w.name in SHARED} == {
-        ("patch", "validatingadmissionpolicies"), ("patch", "mutatingadmissionpolicies")}
+        ("patch", "validatingadmissionpolicies"), ("patch", "mutatingadmissionpolicies"),
+        ("patch", "validatingadmissionpolicybindings"), ("patch", "mutatingadmissionpolicybindings")}
 
 
 def test_a_policy_change_rewrites_its_parameters_not_the_cel_and_routing_webhook_removes_its_mutating_binding(
