@@ -50,7 +50,7 @@ $(CONTROLPLANE): $(CONTROLPLANE_SRC)
 
 controlplane: $(CONTROLPLANE)
 
-# The node (tests/realnode.py): Debian's containerd, runc, CNI plugins, iptables and
+# The node (tests/support/realnode.py): Debian's containerd, runc, CNI plugins, iptables and
 # busybox-static (installed by scripts/node/install-debs.sh when root with apt-get), and two
 # images written locally (scripts/node/build-images.py): nothing is pulled. Without root or
 # apt-get the node tests skip with one line saying why.
@@ -72,7 +72,7 @@ $(PROBE_INIT): operator/probe-init/main.go operator/probe-init/go.mod
 
 probe-init: $(PROBE_INIT)
 
-# The VM tests' image (tests/test_node_vms.py): the tools image plus Debian's QEMU, a guest kernel
+# The VM tests' image (tests/vm/test_node_vms.py): the tools image plus Debian's QEMU, a guest kernel
 # from Debian's cloud kernel package (scripts/node/fetch-guest-kernel.sh: downloaded, not installed)
 # and the probe's initramfs.
 GUEST_KERNEL := $(TOOLS)/vm/vmlinuz
@@ -130,11 +130,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# The property and hostile-input tests of tests/test_fuzz.py with a larger budget than
+# The property and hostile-input tests of tests/unit/test_fuzz.py with a larger budget than
 # `make test` gives them (60 inputs per property); hypothesis prints how many it tried.
 FUZZ_EXAMPLES ?= 3000
 fuzz: $(STAMP)
-	KATA_SIZING_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics
+	KATA_SIZING_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_fuzz.py --hypothesis-show-statistics
 
 # The helm section compares `kata-sizing render` with `helm template` of the kata-deploy
 # chart, which is not in this repository: KATA_DEPLOY_CHART=<kata-containers checkout>/tools/packaging/kata-deploy/helm-chart/kata-deploy

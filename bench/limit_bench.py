@@ -37,8 +37,8 @@ from pathlib import Path
 from bench.plain_client import PlainClient
 from bench.realserver_bench import _peak_rss_mib, quiet
 from bench.run import ROOT, percentile
-from tests.operator_helpers import explicit_classes_policy
-from tests.realcluster import (
+from tests.support.policies import explicit_classes_policy
+from tests.support.realcluster import (
     BINARY,
     KUBECTL,
     OPERATOR_USER,

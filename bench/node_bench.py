@@ -1,5 +1,5 @@
-"""`make bench` section "node": the operator as a Pod on the real node (tests/realnode.py), from
-its image (`make image`) and chart, as tests/test_node_operator.py runs it:
+"""`make bench` section "node": the operator as a Pod on the real node (tests/support/realnode.py), from
+its image (`make image`) and chart, as tests/node/test_node_operator.py runs it:
 
 - the image's import into the node's containerd;
 - `helm install --wait` (both replicas Ready), and the time from `helm install` to every class
@@ -24,10 +24,16 @@ from pathlib import Path
 import yaml
 
 from bench.run import Report, verdict
-from tests import image as img
-from tests import realnode as rn
-from tests.nodeoperator import NAMESPACE, POLICY_FILE, OperatorRelease, guided_node_config, policy_runtime_classes
-from tests.realcluster import POLICIES, RUNTIME_CLASSES, installed_control_plane
+from tests.support import image as img
+from tests.support import realnode as rn
+from tests.support.nodeoperator import (
+    NAMESPACE,
+    POLICY_FILE,
+    OperatorRelease,
+    guided_node_config,
+    policy_runtime_classes,
+)
+from tests.support.realcluster import POLICIES, RUNTIME_CLASSES, installed_control_plane
 
 MIB = 2**20
 LOCK_WAIT_S = 120

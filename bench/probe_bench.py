@@ -4,7 +4,7 @@
   the suite's guest kernel and the probe's init (TCG where KVM does not run guests): its wall time
   against the estimate the plan printed.
 - The probe's own peak resident memory (getrusage of its process alone) while a guest writes 200
-  MiB on its console, against a quiet guest's: the guest is tests/fake_vmm.py, a stand-in for QEMU
+  MiB on its console, against a quiet guest's: the guest is tests/support/fake_vmm.py, a stand-in for QEMU
   that writes what a flooding guest would, so the figure is the probe's and not QEMU's.
 """
 

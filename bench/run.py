@@ -160,7 +160,7 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
     # `survey` of a saved 20,000-pod list, read a pod at a time.
     "survey": _external("bench.survey_bench", "bench_survey"),
-    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover.
+    # The operator as a Pod on the real node (tests/support/realnode.py): install, memory, handover.
     "node": _external("bench.node_bench", "bench_node"),
     # `probe`: a two-class plan booted under TCG, and the probe's memory while a guest floods its console.
     "probe": _external("bench.probe_bench", "bench_probe"),

@@ -8,7 +8,7 @@
 - with --vm-qemu, --vm-kernel and --vm-init, `kata-sizing.test/vm:1`: the tools image plus QEMU
   (the binary, its accelerator modules, the libraries `ldd` names, its firmware directories), a guest kernel at
   /vm/vmlinuz and the probe's initramfs at /vm/initrd (its init, operator/probe-init): a pod of
-  it runs a VM (tests/test_node_vms.py). Written with the project's venv Python, which has
+  it runs a VM (tests/vm/test_node_vms.py). Written with the project's venv Python, which has
   kata_sizing (the initramfs is core/probe.py's).
 
 No image can be pulled on the test machines, so the node imports these into containerd

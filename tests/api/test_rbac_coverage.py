@@ -1,0 +1,235 @@
+"""The shipped ClusterRole against the requests the operator really makes.
+
+A broad scenario runs against the emulator (create, update, drift of every kind, a
+conflict, Report and KataDeploy modes, node guidance inputs, deletion), every request in
+the emulator's log is mapped to (apiGroup, resource, verb), and:
+- each one must be granted by manifests/clusterrole.yaml (else: 403 in a real cluster);
+- each application grant must be used by some request (else the role grants more than the
+  operator needs), apart from the documented exceptions below.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kata_sizing.controller.leader import LeaseOptions
+from kata_sizing.core.podfit import SHARED_NAMES
+from kata_sizing.core.render import MANAGED_BY_LABEL
+from tests.support.manifests import (
+    APPLICATION_PERMISSIONS,
+    FRAMEWORK_PERMISSIONS,
+    LEADER_ELECTION_PERMISSIONS,
+    Triple,
+    granted_permissions,
+    request_triple,
+)
+from tests.support.operator_helpers import (
+    CONFIG_MAPS,
+    OUTPUT_NAMESPACE,
+    POLICIES,
+    RUNTIME_CLASSES,
+    edit,
+    get_rc,
+    pod_fixed,
+    settle,
+    update_spec,
+    wait_for,
+    wait_observed,
+)
+from tests.support.policies import example, explicit_classes_policy
+
+pytestmark = pytest.mark.emulator
+
+# Application grants the scenario cannot exercise, each with the reason it is still needed.
+NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
+    ("", "nodes/stats", "get"): "the measurement reads Summaries on each kubelet's own port and the kubelet, not the "
+                                "API server, asks whether the operator may (a SubjectAccessReview for get nodes/stats); "
+                                "tests/node/test_node_measurement.py shows the real kubelet granting it and refusing it "
+                                "to a ServiceAccount without it",
+    **{("", "namespaces", verb): "the routing webhook's cache of namespace labels; this scenario runs no webhook "
+                                 "(tests/api/test_webhook_routing.py and tests/api/test_real_admission_operator.py do)"
+       for verb in ("get", "list", "watch")},
+    **{("admissionregistration.k8s.io", plural, "patch"): (
+        "a shared admission object whose installer applied it server-side is put back by a server-side apply in "
+        "the installer's name, which the API server's managedFields say and the emulator does not keep; "
+        "tests/api/test_real_admission_operator.py puts each kind back on the real server")
+       for plural in ("validatingadmissionpolicies", "mutatingadmissionpolicies",
+                      "validatingadmissionpolicybindings", "mutatingadmissionpolicybindings")},
+    ("katasizing.dev", "katasizingpolicies", "get"): (
+        "a drift-counter update that lost a race reads the policy again; that does not happen here "
+        "(tests/api/test_operator_faults.py loses that race on purpose)"),
+}
+
+
+
+@pytest.mark.parametrize("method, path, query, expected", [
+    ("GET", "/api", {}, None),
+    ("GET", "/apis", {}, None),
+    ("GET", "/apis/katasizing.dev", {}, None),
+    ("GET", "/apis/node.k8s.io/v1", {}, None),
+    ("GET", "/version", {}, None),
+    ("GET", "/api/v1/configmaps", {"labelSelector": "a=b"}, ("", "configmaps", "list")),
+    ("GET", "/api/v1/configmaps", {"watch": "true"}, ("", "configmaps", "watch")),
+    ("GET", "/api/v1/namespaces/ns/configmaps/x", {}, ("", "configmaps", "get")),
+    ("POST", "/api/v1/namespaces/default/events", {}, ("", "events", "create")),
+    ("GET", "/api/v1/namespaces", {}, ("", "namespaces", "list")),
+    ("GET", "/api/v1/namespaces/kube-system", {}, ("", "namespaces", "get")),
+    ("PATCH", "/apis/katasizing.dev/v1alpha1/katasizingpolicies/p/status", {},
+     ("katasizing.dev", "katasizingpolicies/status", "patch")),
+    ("DELETE", "/apis/node.k8s.io/v1/runtimeclasses/x", {}, ("node.k8s.io", "runtimeclasses", "delete")),
+    ("PUT", "/apis/node.k8s.io/v1/runtimeclasses/x", {}, ("node.k8s.io", "runtimeclasses", "update")),
+    ("GET", "/api/v1/nodes/n1/proxy/stats/summary", {}, ("", "nodes/proxy", "get")),
+])
+def test_request_triples(method, path, query, expected):
+    assert request_triple(method, path, query) == expected
+
+
+def _triples(table: dict[tuple[str, str], tuple[str, ...]]) -> set[Triple]:
+    return {(group, resource, verb) for (group, resource), verbs in table.items() for verb in verbs}
+
+
+def _broad_scenario(cluster) -> None:
+    emu = cluster.emu
+    emu.objects("v1/nodes").create({"metadata": {"name": "kata-1", "labels": {
+        "katacontainers.io/kata-runtime": "true"}}, "status": {
+        "capacity": {"cpu": "32", "memory": "128Gi"}, "allocatable": {"cpu": "31", "memory": "120Gi"}}})
+    emu.objects("v1/pods").create({"metadata": {"name": "infra", "namespace": "kube-system"}, "spec": {
+        "nodeName": "kata-1", "containers": [{"name": "c", "resources": {"requests": {"memory": "1Gi"}}}]}})
+    # Somebody else's RuntimeClass with a name a policy wants: a conflict.
+    emu.objects(RUNTIME_CLASSES).create({"metadata": {"name": "kata-taken-m"}, "handler": "kata-taken-m"})
+    # What an operator before the shared admission policies wrote for a policy: its own policies,
+    # which the upgraded operator deletes (their bindings it rewrites to the shared ones).
+    labels = {MANAGED_BY_LABEL: "kata-sizing", "katasizing.dev/policy": "qemu-rs"}
+    for kind, name, spec in (
+            ("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope",
+             {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": []}, "validations": []}),
+            ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route",
+             {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": []}, "mutations": []})):
+        emu.objects(f"admissionregistration.k8s.io/v1/{kind}").create(
+            {"metadata": {"name": name, "labels": labels}, "spec": spec})
+    # ...and its parameters ConfigMap, which the drop-ins ConfigMap holds now: the upgraded
+    # operator deletes it.
+    emu.objects(CONFIG_MAPS).create({"metadata": {"name": "qemu-rs-admission", "namespace": OUTPUT_NAMESPACE,
+                                                  "labels": labels}, "data": {"policy": "qemu-rs"}}, OUTPUT_NAMESPACE)
+    # As the Deployment runs it: leader-elected (the Lease's verbs are exercised too).
+    cluster.start(resync_s=0.5, lease=LeaseOptions(namespace=OUTPUT_NAMESPACE, identity="rbac-check"))
+    wait_for(lambda: emu.objects("leases").get("kata-sizing", OUTPUT_NAMESPACE), 10)
+
+    cluster.create(explicit_classes_policy())
+    wait_observed(emu, "qemu-rs", Ready="True")
+    for kind, name in (("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope"),
+                       ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route")):
+        wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name) is None)
+    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-admission", OUTPUT_NAMESPACE) is None)
+    taken = example()
+    taken["metadata"]["name"] = "taken"
+    taken["spec"]["output"] = {"namespace": "other"}
+    cluster.create(taken)
+    wait_observed(emu, "taken", Conflict="True")
+    report = example()
+    # Upgraded from an operator that set a finalizer: the first pass takes it off (patch).
+    report["metadata"].update(name="report", finalizers=["katasizing.dev/cleanup"])
+    report["spec"].update(driftPolicy="Report", output={"namespace": "report"})
+    cluster.create(report)
+    wait_observed(emu, "report", Ready="True")
+    wait_for(lambda: not emu.objects(POLICIES).get("report")["metadata"].get("finalizers"))
+    chart = example()
+    chart["metadata"]["name"] = "chart"
+    chart["spec"]["runtimeClass"]["managedBy"] = "KataDeploy"
+    chart["spec"]["output"] = {"namespace": "chart"}
+    cluster.create(chart)
+    wait_observed(emu, "chart", InSync="False")
+
+    # Update: one class changes, one is added, the prefix of another policy changes.
+    update_spec(emu, "qemu-rs", lambda spec: spec["classes"][1].update(memory="6Gi"))
+    wait_observed(emu, "qemu-rs", Ready="True")
+    update_spec(emu, "qemu-rs", lambda spec: spec["classes"].append({"name": "xxl", "cpu": "32", "memory": "128Gi"}))
+    wait_observed(emu, "qemu-rs", Ready="True")
+    update_spec(emu, "qemu-rs", lambda spec: spec["classes"].pop())
+    wait_observed(emu, "qemu-rs", Ready="True")
+
+    # Drift of every kind, and Report mode. A lost race (409) while putting an object back makes
+    # the operator read it again (get) before it writes.
+    original = pod_fixed(emu, "kata-qemu-rs-m")
+    emu.fail_next(1, status=409, method="PUT", path="/runtimeclasses/kata-qemu-rs-m")
+    edit(emu, RUNTIME_CLASSES, "kata-qemu-rs-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+    wait_for(lambda: pod_fixed(emu, "kata-qemu-rs-m") == original)
+    # The same edit again: the same DriftCorrected event, counted on the one posted (patch events).
+    edit(emu, RUNTIME_CLASSES, "kata-qemu-rs-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+    wait_for(lambda: pod_fixed(emu, "kata-qemu-rs-m") == original)
+    edit(emu, CONFIG_MAPS, "qemu-rs-dropins", lambda o: o["data"].update({"m.toml": "#"}), OUTPUT_NAMESPACE)
+    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-dropins", OUTPUT_NAMESPACE)["data"]["m.toml"] != "#")
+    emu.objects(CONFIG_MAPS).delete("qemu-rs-kata-deploy-values", OUTPUT_NAMESPACE)
+    wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-kata-deploy-values", OUTPUT_NAMESPACE))
+    # A ConfigMap whose managed-by label is removed leaves the operator's cache: the pass takes its
+    # name as free, the create meets 409, and the operator reads it (get) before it writes.
+    edit(emu, CONFIG_MAPS, "qemu-rs-node-guidance", lambda o: o["metadata"]["labels"].pop(MANAGED_BY_LABEL),
+         OUTPUT_NAMESPACE)
+    wait_for(lambda: MANAGED_BY_LABEL in emu.objects(CONFIG_MAPS).get("qemu-rs-node-guidance",
+                                                                      OUTPUT_NAMESPACE)["metadata"]["labels"])
+    emu.objects(RUNTIME_CLASSES).delete("kata-qemu-rs-s")
+    wait_for(lambda: get_rc(emu, "kata-qemu-rs-s"))
+    handler_changed = dict(get_rc(emu, "kata-qemu-rs-l"), handler="elsewhere")
+    emu.objects(RUNTIME_CLASSES).put(handler_changed)
+    wait_for(lambda: (get_rc(emu, "kata-qemu-rs-l") or {}).get("handler") == "kata-qemu-rs-l")
+    # A hand deletion of each admission kind, and a create that meets 409 (somebody made one of
+    # that name meanwhile): the operator reads it (get) before it writes again.
+    for kind, name in (("validatingadmissionpolicies", SHARED_NAMES["envelope"]),
+                       ("validatingadmissionpolicybindings", "kata-sizing-qemu-rs-memory-limit"),
+                       ("mutatingadmissionpolicies", SHARED_NAMES["route"]),
+                       ("mutatingadmissionpolicybindings", "kata-sizing-qemu-rs-route")):
+        emu.fail_next(1, status=409, method="POST", path=f"/{kind}$")
+        emu.objects(f"admissionregistration.k8s.io/v1/{kind}").delete(name)
+        wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name))
+    # A hand edit of each shared admission policy is put back (update).
+    for kind, name in (("validatingadmissionpolicies", SHARED_NAMES["envelope"]),
+                       ("mutatingadmissionpolicies", SHARED_NAMES["route"])):
+        path = f"admissionregistration.k8s.io/v1/{kind}"
+        edit(emu, path, name, lambda o: o["spec"].update(failurePolicy="Ignore"))
+        wait_for(lambda path=path, name=name: emu.objects(path).get(name)["spec"]["failurePolicy"] == "Fail")
+    for binding in ("validatingadmissionpolicybindings", "mutatingadmissionpolicybindings"):
+        path = f"admissionregistration.k8s.io/v1/{binding}"
+        name, shared = (("kata-sizing-qemu-rs-envelope", SHARED_NAMES["envelope"]) if binding.startswith("validating")
+                        else ("kata-sizing-qemu-rs-route", SHARED_NAMES["route"]))
+        edit(emu, path, name, lambda o: o["spec"].update(policyName="elsewhere"))
+        wait_for(lambda path=path, name=name, shared=shared: emu.objects(path).get(name)["spec"]["policyName"] == shared)
+    edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+    wait_for(lambda: (emu.objects(POLICIES).get("report").get("status") or {}).get("driftDetected"))
+    # Admission switched off: the policy's bindings are deleted.
+    update_spec(emu, "qemu-rs", lambda spec: spec.update(admission={"enabled": False}))
+    wait_for(lambda: emu.objects("admissionregistration.k8s.io/v1/validatingadmissionpolicybindings").get(
+        "kata-sizing-qemu-rs-envelope") is None)
+    settle(emu)
+
+    # Deletion: nothing of the operator's (the garbage collector removes what it made).
+    for name in ("qemu-rs", "taken", "report", "chart"):
+        emu.objects(POLICIES).delete(name)
+    wait_for(lambda: not emu.objects(POLICIES).list(), 10)
+    settle(emu)
+    cluster.stop()  # a clean stop releases the Lease
+
+
+@pytest.fixture
+def exercised(cluster) -> dict[Triple, list[str]]:
+    _broad_scenario(cluster)
+    found: dict[Triple, list[str]] = {}
+    for record in cluster.emu.request_log:
+        triple = request_triple(record.method, record.path, record.query)
+        if triple is not None:
+            found.setdefault(triple, []).append(f"{record.method} {record.path} -> {record.status}")
+    return found
+
+
+def test_every_request_is_granted_and_every_application_grant_is_used(exercised):
+    granted = granted_permissions() | _triples(LEADER_ELECTION_PERMISSIONS)
+    refused = {t: calls[:3] for t, calls in exercised.items() if t not in granted}
+    assert not refused, f"requests a real API server would refuse with 403: {refused}"
+    # The Role covers the Lease in the operator's namespace only.
+    lease_calls = [c for t, calls in exercised.items() if t[1] == "leases" for c in calls]
+    assert lease_calls and all(f"/namespaces/{OUTPUT_NAMESPACE}/leases" in c for c in lease_calls), lease_calls
+
+    framework_only = _triples(FRAMEWORK_PERMISSIONS) - _triples(APPLICATION_PERMISSIONS)
+    application = (granted & (_triples(APPLICATION_PERMISSIONS) | _triples(LEADER_ELECTION_PERMISSIONS))) \
+        - framework_only
+    unused = application - set(exercised) - set(NOT_EXERCISED_BUT_NEEDED)
+    assert not unused, f"the ClusterRole grants more than the operator uses: {sorted(unused)}"
