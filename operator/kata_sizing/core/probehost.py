@@ -6,6 +6,7 @@ ended a VM that gave no row. `kata_sizing.vm` reads the files; here their text b
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,6 +71,29 @@ def limit_bytes(text: str) -> int | None:
         return None
     number = int(value)
     return None if number >= NO_LIMIT_BYTES else number
+
+
+_MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ ([-r][-w][-x][ps]) \S+ \S+ \S+ *(.*)", re.ASCII)
+
+
+def tcg_cache_resident_bytes(smaps: str) -> int | None:
+    """What of QEMU's translation cache is resident, from /proc/PID/smaps of a VMM under TCG: its code
+    buffer is the process's anonymous mappings that are writable and executable (QEMU's tcg/region.c
+    allocates it PROT_READ|PROT_WRITE|PROT_EXEC and splits it by guard pages into one mapping per
+    region), or, where QEMU keeps the writable and executable views apart (split-wx), the executable
+    view of its memfd `tcg-jit`. None: no such mapping (not a TCG VMM)."""
+    total, found, counting = 0, False, False
+    for line in smaps.splitlines():
+        mapping = _MAPPING.fullmatch(line)
+        if mapping:
+            perms, name = mapping.groups()
+            counting = (perms == "rwxp" and not name) or (name.startswith("/memfd:tcg-jit") and perms[2] == "x")
+            found = found or counting
+        elif counting and line.startswith("Rss:"):
+            words = line.split()
+            if len(words) == 3 and words[1].isascii() and words[1].isdigit():
+                total += int(words[1]) * 1024
+    return total if found else None
 
 
 @dataclass(frozen=True)
