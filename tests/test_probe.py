@@ -17,8 +17,8 @@ import yaml
 from kata_sizing import vm as vmrun
 from kata_sizing.cli import main
 from kata_sizing.core.calibrate import PROBE_COLUMNS, parse_samples_csv
-from kata_sizing.core.model import Runtime, parse_policy
 from kata_sizing.core.kataguest import GuestBoot, KataGuest, ModuleError, initramfs
+from kata_sizing.core.model import Runtime, parse_policy
 from kata_sizing.core.probe import (
     HostFigures,
     ProbeError,

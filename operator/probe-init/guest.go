@@ -33,7 +33,7 @@ const (
 	deviceWait = 30 * time.Second
 	agentWait  = 60 * time.Second
 	// The agent's memory is settled once its resident size stayed the same this long.
-	agentSettled = time.Second
+	agentSettled = 500 * time.Millisecond
 	pollEvery    = 100 * time.Millisecond
 	maxSaidBytes = 200
 )

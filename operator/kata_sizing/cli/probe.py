@@ -242,13 +242,15 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
         workdir = Path(scratch)
         image = workdir / "initramfs.cpio"
         guest = _GuestFiles(args, paths, init, workdir, modules)
-        image.write_bytes(initramfs(init.read_bytes(), [(m.name, m.data) for m in modules], guest.kata_initrd()))
-        if args.accel == "auto":
-            accelerator, why = vm.detect_accelerator(paths, image, workdir, args.memory_dir, cgroups, stop)
+        if args.accel == "auto":  # the probe's init alone: whether KVM runs a guest, whatever Kata's initrd holds
+            check = workdir / "kvm-check.cpio"
+            check.write_bytes(initramfs(init.read_bytes()))
+            accelerator, why = vm.detect_accelerator(paths, check, workdir, args.memory_dir, cgroups, stop)
         else:
             accelerator, why = args.accel, "--accel"
         if stop():
             return EXIT_INTERRUPTED
+        image.write_bytes(initramfs(init.read_bytes(), [(m.name, m.data) for m in modules], guest.kata_initrd()))
         host_mib, vsock = vm.host_memory_mib(), vm.vsock_available()
         sample_boot = GuestBoot(kata, runtime, host_mib, guest.image_bytes,
                                 str(workdir / "virtiofsd.sock") if kata.virtio_fs else None, 3 if vsock else None)
