@@ -353,7 +353,7 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     assert "size it with `kata-sizing render --node-capacity`" in comments[0]
     assert comments[1] == (
         f"# class l: the VM of {large.memory_mib} MiB ({large.vcpus} vCPU) failed: OOM-killed: the kernel killed 1 process(es) "
-        f"of its memory cgroup (oom_kill 1); the VM of {large.memory_mib} MiB needs about {large.memory_mib + 128} MiB with its "
+        f"of its memory cgroup (oom_kill 1); the VM of {large.memory_mib} MiB needs about {large.memory_mib + 192} MiB with its "
         f"VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of {hierarchy.name(parent)}, "
         f"{comments[1].rsplit(', ', 1)[1]}"), comments
     assert comments[1].endswith(" MiB in use)")
@@ -372,13 +372,13 @@ LIMIT = CgroupLevel("/kubepods/pod1", 300 * MIB, 40 * MIB, 0, "memory.limit_in_b
 
 @pytest.mark.parametrize("end, problem, said", [
     (VmEnd(-9, oom_kills=1, limit=LIMIT), None,
-     "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the VM of 350 MiB needs about 478 "
+     "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the VM of 350 MiB needs about 526 "
      "MiB with its VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
     (VmEnd(-9, oom_kills=1), None, "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the "
-     "VM of 350 MiB needs about 478 MiB with its VMM, no cgroup limit over it: the host itself ran out"),
+     "VM of 350 MiB needs about 526 MiB with its VMM, no cgroup limit over it: the host itself ran out"),
     (VmEnd(-9, oom_kills=None, limit=LIMIT, limit_hits=2), None,
      "killed by SIGKILL after the memory limit over it was hit 2 time(s): most likely the OOM killer (this kernel keeps "
-     "no OOM kill count); the VM of 350 MiB needs about 478 MiB with its VMM, the limit is 300 MiB "
+     "no OOM kill count); the VM of 350 MiB needs about 526 MiB with its VMM, the limit is 300 MiB "
      "(memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
     (VmEnd(-9, oom_kills=0, limit=LIMIT, limit_hits=2), "the guest's workload never finished",
      "the VMM was killed by SIGKILL (the guest's workload never finished)"),
@@ -402,11 +402,11 @@ def test_what_ended_a_vm_is_named(end, problem, said):
 
 def test_a_vm_is_held_to_the_host_s_available_memory_the_memory_dir_and_the_limits_over_the_probe():
     room = HostRoom(400 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
-    assert fit_problem(END_POINT, room) == ("class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than "
+    assert fit_problem(END_POINT, room) == ("class m: the VM of 350 MiB (2 vCPU) needs 526 MiB with its VMM, more than "
                                             "the host's MemAvailable 400 MiB (/proc/meminfo)")
     room = HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
     assert fit_problem(END_POINT, room) == (
-        "class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than the memory limit over the probe "
+        "class m: the VM of 350 MiB (2 vCPU) needs 526 MiB with its VMM, more than the memory limit over the probe "
         "leaves: 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)")
     assert fit_problem(END_POINT, HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB)) is None
     # Not read is no limit: the probe says what it could not read, and boots.

@@ -305,8 +305,8 @@ def test_the_plan_comes_first_and_plan_alone_boots_nothing(fake: Fake, capsys: p
     lines = ran.stderr.splitlines()
     assert lines[0] == "plan: 2 VM(s) of policy p, one at a time, under tcg (--accel)"
     assert lines[1:3] == ["  class s: 1 VM(s) of 200 MiB (2 vCPU)", "  class m: 1 VM(s) of 350 MiB (3 vCPU)"]
-    assert lines[3] == ("  guest memory 550 MiB in all, at most 350 MiB at once (478 MiB with its VMM); a container "
-                        "running this probe needs a memory limit of at least 606 MiB")
+    assert lines[3] == ("  guest memory 550 MiB in all, at most 350 MiB at once (542 MiB with its VMM); a container "
+                        "running this probe needs a memory limit of at least 670 MiB")
     assert lines[4] == "  about 14 s under tcg (6 s a boot, 4 s a GiB the guest touches)"
     assert lines[5].startswith("  room now: MemAvailable ") and f"; {fake.memory_dir} " in lines[5]
     # A run prints the same plan before its first boot.
@@ -415,19 +415,19 @@ def test_a_vm_the_memory_dir_cannot_hold_is_refused_before_any_boot(fake: Fake, 
 
 
 def test_a_vm_the_probe_s_cgroup_limit_cannot_hold_is_refused_before_any_boot(fake: Fake) -> None:
-    # The probe runs in a cgroup of 400 MiB below ours (as a Job's container with its limit):
-    # the 350 MiB VM and its VMM would not fit.
+    # The probe runs in a cgroup of 450 MiB below ours (as a Job's container with its limit):
+    # the 350 MiB VM with its VMM would not fit, the 200 MiB one would.
     own = own_cgroup()
     parent = own / f"ksp-test-limit-{os.getpid()}"
     parent.mkdir()
     try:
-        (parent / "memory.limit_in_bytes").write_text(str(400 * 1024 * 1024))
+        (parent / "memory.limit_in_bytes").write_text(str(450 * 1024 * 1024))
         ran = probe(*fake.args(), env=fake.env("ok"),
                     preexec=lambda: (parent / "cgroup.procs").write_text(str(os.getpid())))
     finally:
         parent.rmdir()
     assert ran.returncode == 2, ran.stderr
     [error] = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
-    assert error.startswith(f"error: {M_VM} needs 478 MiB with its VMM, more than the memory limit over the probe "
-                            f"leaves: 400 MiB (memory.limit_in_bytes of {hierarchy().name(parent)}, "), error
+    assert error.startswith(f"error: {M_VM} needs 542 MiB with its VMM, more than the memory limit over the probe "
+                            f"leaves: 450 MiB (memory.limit_in_bytes of {hierarchy().name(parent)}, "), error
     assert fake.starts == []

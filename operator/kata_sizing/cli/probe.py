@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             init = vm.find_init(args.init)
     except ProbeError as exc:
         raise InputError(str(exc)) from None
-    plan = ProbePlan(tuple(kept), tuple(left_out))
+    plan = ProbePlan(tuple(kept), tuple(left_out), -(-args.share_read_bytes // (1024 * 1024)))
     cgroups = vm.VmCgroups.here()
     room = vm.host_room(args.memory_dir, cgroups)
     if args.accel != "auto":
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             "tcg", "KVM instead if a guest reaches its init under it, checked first with a 128 MiB VM")
     for line in plan.lines(policy.name, accelerator, why, room):
         print(line, file=sys.stderr)
-    refusals = [problem for problem in (fit_problem(point, room) for point in kept) if problem]
+    refusals = [problem for problem in (fit_problem(point, room, plan.read_mib) for point in kept) if problem]
     if refusals:
         print_problems([f"{problem}; nothing booted (probe less: --classes, --max-vm-memory)"
                         for problem in refusals])
@@ -282,7 +282,7 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
             what = f"class {point.class_name}: the VM of {point.vm.memory_mib} MiB ({point.vm.vcpus} vCPU)"
             if stop():
                 break
-            problem = fit_problem(point, vm.host_room(args.memory_dir, cgroups))
+            problem = fit_problem(point, vm.host_room(args.memory_dir, cgroups), plan.read_mib)
             if problem:
                 failed.append(problem)
                 out.write(comment_line(f"{problem}: not booted"))
@@ -302,7 +302,8 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
                 out.write(comment_line(f"{what}: stopped by {signal.Signals(stop.signal or 2).name} before it "
                                        "finished: not measured"))
                 break
-            why_not = failure(point, args.memory_dir, result.end, report_problem(result.report, point.vm, boot))
+            why_not = failure(point, args.memory_dir, result.end, report_problem(result.report, point.vm, boot),
+                              plan.read_mib)
             row = None
             if why_not is None:
                 try:
