@@ -155,7 +155,8 @@ def test_under_kvm_the_probe_measures_the_vmm_and_virtiofsd_and_the_shim_are_ass
     fit = fit_overhead(parse_samples_csv(probe_text(accelerator="kvm", tcg_tb_size_mib="")))
     parts = parts_of(fit)
     assert parts[Part.VMM].measured == "lines 7-11"
-    assert "serial+virtio-console: not Kata's" in parts[Part.VMM].detail
+    assert ("devices serial+virtio-console: without Kata's vsock, rng, virtio-fs, image disk (where Kata boots an "
+            "image)") in parts[Part.VMM].detail
     for part, mib in ((Part.VIRTIOFSD, VIRTIOFSD), (Part.SHIM, SHIM)):
         assert (parts[part].measured, parts[part].assumed_mib, parts[part].assumed_for) == (None, mib, "lines 7-11")
     # The largest host side measured (84 MiB at 128 and 512 MiB; line 7 first) with the defaults added;

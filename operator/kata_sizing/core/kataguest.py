@@ -136,6 +136,9 @@ def kata_guest(section: Mapping[str, object], runtime: Runtime, where: str) -> K
         raise KataConfigError(f"{where} virtio_fs_extra_args: not a list of at most {MAX_EXTRA_ARGS} printable "
                               "arguments")
     kernel_params = _text(section, "kernel_params", where) or ""
+    if not (kernel_params.isascii() and kernel_params.isprintable()):
+        raise KataConfigError(f"{where} kernel_params: {kernel_params[:60]!r} is not printable ASCII (a kernel command "
+                              "line is)")
     queue = _whole(section, "virtio_fs_queue_size", where, 1024, MAX_QUEUE_SIZE)
     if queue & (queue - 1):
         raise KataConfigError(f"{where} virtio_fs_queue_size: {queue} is not a power of two (QEMU's vhost-user-fs "
