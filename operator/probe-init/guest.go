@@ -137,8 +137,14 @@ func startAgent(path string, p map[string]string) error {
 	for waited := time.Duration(0); waited < agentWait && !settled; waited += pollEvery {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("the agent %s ended before the workload (%v): its memory would not be in the guest's "+
-				"used (Kata's agent needs its vsock device)", path, err)
+			why := "Kata's agent ends without its vsock device"
+			if exit, ok := err.(*exec.ExitError); ok {
+				if status, ok := exit.Sys().(syscall.WaitStatus); ok && status.Signaled() && status.Signal() == syscall.SIGKILL {
+					why = "the guest's OOM killer: its kernel and agent do not fit this VM"
+				}
+			}
+			return fmt.Errorf("the agent %s ended before the workload (%v; %s): its memory would not be in the "+
+				"guest's used", path, err, why)
 		case <-time.After(pollEvery):
 		}
 		now := residentKiB(command.Process.Pid)
