@@ -820,16 +820,23 @@ def read_modules(directory: Path) -> list[KernelModule]:
     return modules
 
 
-def drop_cached(path: Path) -> None:
-    """Out of the host's page cache, written to disk first: the next VM that reads the file is charged
-    for its pages as the first Kata pod on a node is (POSIX_FADV_DONTNEED; pages another process maps
-    stay, and a tmpfs keeps all of them)."""
-    fd = os.open(path, os.O_RDONLY)
+def drop_cached(path: Path, written: bool) -> str | None:
+    """Out of the host's page cache (a file the probe `written`, to disk first): the next VM that reads the
+    file is charged for its pages as the first Kata pod on a node is (POSIX_FADV_DONTNEED; pages another
+    process maps stay, and a tmpfs keeps all of them). Why not, or None."""
     try:
-        os.fsync(fd)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return f"{quoted(str(path))} cannot be dropped from the page cache: {exc.strerror}"
+    try:
+        if written:
+            os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError as exc:
+        return f"{quoted(str(path))} cannot be dropped from the page cache: {exc.strerror}"
     finally:
         os.close(fd)
+    return None
 
 
 def filesystem_type(path: Path, mounts: Path = PROC / "self" / "mounts") -> str | None:

@@ -252,6 +252,7 @@ def _probe(args: argparse.Namespace, policy_name: str, plan: ProbePlan, paths: V
             return EXIT_INTERRUPTED
         image.write_bytes(initramfs(init.read_bytes(), [(m.name, m.data) for m in modules], guest.kata_initrd()))
         host_mib, vsock = vm.host_memory_mib(), vm.vsock_available()
+        # What every VM has (each its own socket and CID, below): for the notes and the CSV's comments.
         sample_boot = GuestBoot(kata, runtime, host_mib, guest.image_bytes,
                                 str(workdir / "virtiofsd.sock") if kata.virtio_fs else None, 3 if vsock else None)
         kinds = row_kinds(sample_boot)
@@ -355,7 +356,9 @@ class _GuestFiles:
         self.share_read_bytes = args.share_read_bytes
         self.image_bytes = Path(self.kata.image).stat().st_size if self.kata.image else None
         self.filesystem = vm.filesystem_type(workdir)
-        self.files: list[Path] = [Path(p) for p in (self.kata.image,) if p]
+        self.dropping_failed = False
+        # (file, whether the probe wrote it): Kata's image is the node's, read only.
+        self.files: list[tuple[Path, bool]] = [(Path(self.kata.image), False)] if self.kata.image else []
         if self.kata.virtio_fs:
             self.share.mkdir()
             workload = self.share / SHARE_WORKLOAD
@@ -367,7 +370,7 @@ class _GuestFiles:
                 left = self.share_read_bytes
                 while left > 0:
                     left -= handle.write(chunk[:left])
-            self.files += [workload, data]
+            self.files += [(workload, True), (data, True)]
 
     def kata_initrd(self) -> bytes | None:
         from ..core.probe import ProbeError
@@ -382,8 +385,11 @@ class _GuestFiles:
     def drop_cached(self, initramfs_path: Path) -> None:
         from .. import vm
 
-        for path in (*self.files, initramfs_path):
-            vm.drop_cached(path)
+        for path, written in (*self.files, (initramfs_path, True)):
+            problem = vm.drop_cached(path, written)
+            if problem and not self.dropping_failed:  # said once: the same holds for every VM
+                self.dropping_failed = True
+                print(f"note: {problem}: a VM may find its pages cached and not be charged for them", file=sys.stderr)
 
     def describe(self, boot: GuestBoot) -> str:
         from ..core.kataguest import KATA_AGENT_PATH as KATA_AGENT
@@ -413,6 +419,9 @@ class _GuestFiles:
         if self.kata.shared_fs == "virtio-fs" and self.kata.virtio_fs_daemon is None:
             found.append("no virtio-fs daemon (the configuration's virtio_fs_daemon, or --virtiofsd): the VMs go without "
                          "virtio-fs, and the rows' host side counts the VMM alone")
+        elif self.kata.shared_fs != "virtio-fs":
+            found.append(f"shared_fs {self.kata.shared_fs}: the probe starts a daemon for virtio-fs only; the rows' host "
+                         "side counts the VMM alone")
         if boot.virtio_fs_socket is not None and self.filesystem in ("tmpfs", "ramfs"):
             found.append(f"the share is on {self.filesystem} (TMPDIR): its pages stay charged to the probe, and the rows' "
                          "host side lacks the page cache of what the guest reads")

@@ -38,8 +38,8 @@ MAX_QUEUE_SIZE = 1024
 KATA_KERNEL_PARAMS = ("tsc=reliable", "no_timer_check", "rcupdate.rcu_expedited=1", "i8042.direct=1",
                       "i8042.dumbkbd=1", "i8042.nopnp=1", "i8042.noaux=1", "noreplace-smp", "reboot=k",
                       "cryptomgr.notests", "net.ifnames=0", "pci=lastbus=0")
-# Both runtimes add this much address space for the image's nvdimm to maxmem (Go: genericMemoryTopology,
-# "image NVDIMM device needs memory space 1024MB").
+# The Go runtime adds this much address space for the image's nvdimm to maxmem, image or not
+# (genericMemoryTopology: "image NVDIMM device needs memory space 1024MB").
 GO_NVDIMM_MAXMEM_MIB = 1024
 MAX_EXTRA_ARGS = 32
 MAX_WORD_CHARS = 1024
@@ -215,8 +215,11 @@ class GuestBoot:
         return tuple(found)
 
 
-def qemu_value(text: str) -> str:
-    """`text` as one value of QEMU's option grammar: a comma doubled is a comma (probe.qemu_option_value)."""
+def qemu_option_value(text: str) -> str:
+    """`text` as one value of QEMU's option grammar (`-object`, `-chardev`, `-device`, `-drive`:
+    key=value pairs split at commas): a comma doubled is a comma in the value (QEMU's
+    docs/system/invocation: "to use a comma in a value, double it"), so a path such as
+    `shm,share=off` stays a path and never becomes an option of its own."""
     return text.replace(",", ",,")
 
 
@@ -238,7 +241,7 @@ def device_arguments(boot: GuestBoot) -> list[str]:
     """The devices Kata's QEMU command line gives the VM besides memory and consoles (govmm's Object,
     BlockDevice, VSOCKDevice, RngDevice, VhostUserDevice; runtime-rs's DeviceNvdimm, DeviceVirtioBlk,
     VhostVsock, DeviceRng, DeviceVhostUserFs)."""
-    kata, value = boot.kata, qemu_value
+    kata, value = boot.kata, qemu_option_value
     arguments: list[str] = []
     if kata.image is not None:
         if boot.nvdimm:

@@ -31,6 +31,7 @@ from .kataguest import (
     kata_guest,
     machine_options,
     memory_option,
+    qemu_option_value,
 )
 from .model import Runtime
 from .quantity import MIB
@@ -199,14 +200,6 @@ def path_problem(text: str) -> str | None:
     if bad:
         return f"{text[:60]!r} holds the control character {bad.group()!r} (a path with it could forge a line of output)"
     return None
-
-
-def qemu_option_value(text: str) -> str:
-    """`text` as one value of QEMU's option grammar (`-object`, `-chardev`, `-device`, `-drive`:
-    key=value pairs split at commas): a comma doubled is a comma in the value (QEMU's
-    docs/system/invocation: "to use a comma in a value, double it"), so a path such as
-    `shm,share=off` stays a path and never becomes an option of its own."""
-    return text.replace(",", ",,")
 
 
 def vm_paths_problem(hypervisor: str) -> str | None:
