@@ -321,7 +321,8 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         assert limit == (pods[name][2] + pod_fixed) * MIB, (name, limit)
         assert abs(measured["minHeadroomBytes"] - headroom_bytes) <= TOLERANCE_MIB * MIB, (name, measured, headroom_bytes)
         assert measured["minHeadroomBytes"] > 0
-    print(f"largest pods: every workload held its limit {filled_s:.0f} s after the pods were created, the measurement "
+    print(f"largest pods (VMs of {', '.join(str(vm.memory_mib) for _, vm, _ in pods.values())} MiB): every workload "
+          f"held its limit {filled_s:.0f} s after the pods were created, the measurement "
           f"agreed {time.monotonic() - started - filled_s:.0f} s later; least headroom "
           f"{', '.join(f'{n} {h / MIB:.0f} MiB' for n, (_, h, _) in found.items())} ({calibrated.accelerator})")
 
