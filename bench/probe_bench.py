@@ -21,15 +21,10 @@ from pathlib import Path
 import yaml
 
 from bench.run import ROOT, Report, verdict
+from tests import kata_vm
 
 RSS_TARGET_MIB = 100
 FLOOD_MIB = 200
-QEMU = Path("/usr/bin/qemu-system-x86_64")
-KERNEL = ROOT / ".tools" / "vm" / "vmlinuz"
-INIT = ROOT / ".tools" / "probe-init"
-MODULES = ROOT / ".tools" / "vm" / "modules"
-STANDIN_INITRD = ROOT / ".tools" / "vm" / "standin" / "kata-containers-initrd.img"
-VIRTIOFSD = ROOT / ".tools" / "virtiofsd"
 # The guest budget's base is what Kata's VM needs on this kernel (docs/probe.md, figures: its hotplug region's
 # bounce buffer and the agent): with the shipped 96Mi the smallest pod's VM cannot hold the agent.
 POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "bench"},
@@ -69,17 +64,14 @@ def bench_probe(report: Report, quick: bool = False) -> None:
                f"{flood_rss:.0f} MiB", f"<= {RSS_TARGET_MIB} MiB",
                verdict(flood_rss <= RSS_TARGET_MIB and flood_code == 0))
 
-        missing = [str(p) for p in (QEMU, KERNEL, INIT, MODULES, STANDIN_INITRD, VIRTIOFSD) if not p.exists()]
+        missing = kata_vm.missing()
         if missing:
-            report(f"two-class plan on QEMU: skipped, missing {', '.join(missing)} (`make node`)", "", "", "")
+            report(f"two-class plan on QEMU: skipped, missing {', '.join(map(str, missing))} (`make node`)", "", "", "")
             return
-        config = work / "configuration-qemu-runtime-rs.toml"
-        config.write_text(f'[hypervisor.qemu]\npath = "{QEMU}"\nkernel = "{KERNEL}"\ninitrd = "{STANDIN_INITRD}"\n'
-                          f'virtio_fs_daemon = "{VIRTIOFSD}"\n'
-                          'virtio_fs_extra_args = ["--thread-pool-size=1", "-o", "announce_submounts"]\n')
+        config = kata_vm.kata_configuration(work / "configuration-qemu-runtime-rs.toml")
         argv = [str(Path(sys.executable).parent / "kata-sizing"), "probe", str(work / "policy.yaml"), "--config",
-                str(config), "--init", str(INIT), "--guest-modules", str(MODULES), "--accel", "tcg", "--points",
-                "1" if quick else "2"]
+                str(config), "--init", str(kata_vm.INIT), "--guest-modules", str(kata_vm.MODULES), "--accel", "tcg",
+                "--points", "1" if quick else "2"]
         start = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         took = time.perf_counter() - start

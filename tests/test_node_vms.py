@@ -49,6 +49,7 @@ from kata_sizing.core.model import parse_policy
 from kata_sizing.core.probe import VmmPaths, kernel_command_line, parse_console, vm_command
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
+from tests import kata_vm
 from tests.operator_helpers import explicit_classes_policy
 from tests.operator_helpers import wait_for as poll
 from tests.realcluster import ROOT, ControlPlane
@@ -57,15 +58,6 @@ from tests.test_real_operator import wait_observed
 
 pytestmark = pytest.mark.node
 
-QEMU = Path("/usr/bin/qemu-system-x86_64")
-KERNEL = ROOT / ".tools" / "vm" / "vmlinuz"
-INIT = ROOT / ".tools" / "probe-init"
-MODULES = ROOT / ".tools" / "vm" / "modules"
-STANDIN_INITRD = ROOT / ".tools" / "vm" / "standin" / "kata-containers-initrd.img"
-VIRTIOFSD = ROOT / ".tools" / "virtiofsd"
-# Kata's virtio-fs daemon arguments beyond the socket, directory and cache: the Rust runtime's shipped
-# virtio_fs_extra_args (src/runtime-rs/Makefile DEFVIRTIOFSEXTRAARGS).
-VIRTIOFSD_EXTRA = ("--thread-pool-size=1", "-o", "announce_submounts")
 POLICY = "node"  # its RuntimeClasses kata-node-<class> are handlers the node maps to runc
 CLASSES = [{"name": "s", "cpu": "400m", "memory": "64Mi"}, {"name": "m", "cpu": "400m", "memory": "192Mi"},
            {"name": "l", "cpu": "400m", "memory": "384Mi"}]
@@ -78,7 +70,7 @@ INTERVAL_S = 15  # the measurement's shortest interval
 # probe's initramfs appended; the share goes to the container's /tmp.
 IMAGE_PATHS = VmmPaths("/usr/bin/qemu-system-x86_64", "/vm/vmlinuz", "qemu", "kata-sizing.test/vm:1",
                        KataGuest(initrd="/vm/initrd", virtio_fs_daemon="/usr/libexec/virtiofsd",
-                                 virtio_fs_extra_args=VIRTIOFSD_EXTRA))
+                                 virtio_fs_extra_args=kata_vm.VIRTIOFSD_EXTRA))
 POD_SHARE, POD_SOCKET = "/tmp/kata-sizing-share", "/tmp/kata-sizing-virtiofsd.sock"
 # What a pod's cgroup holds besides its VM's memory and QEMU: the pause container. The kubelet and
 # the operator read the same cgroup at slightly different moments.
@@ -88,10 +80,9 @@ SHARE_READ_BYTES = 16 * MIB
 
 
 def vm_problem(real_node: Node) -> str | None:
-    if real_node.vm_image is None or not all(p.exists() for p in (KERNEL, INIT, QEMU, MODULES, STANDIN_INITRD,
-                                                                     VIRTIOFSD)):
-        return ("no VM image, guest kernel and modules, probe init, stand-in Kata initrd, virtiofsd or QEMU (`make node` "
-                "builds them where QEMU installs and cargo runs)")
+    if real_node.vm_image is None or kata_vm.missing():
+        return (f"no VM image, or missing {', '.join(map(str, kata_vm.missing()))} (`make node` builds them where QEMU "
+                "installs and cargo runs)")
     return None
 
 
@@ -137,17 +128,14 @@ def calibrated(real_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Cal
             pytest.fail(problem)
         pytest.skip(problem)
     workdir = tmp_path_factory.mktemp("probe")
-    config = workdir / "configuration-qemu-runtime-rs.toml"
-    # A Kata-shaped configuration naming this host's VMM, kernel, the stand-in initrd and virtiofsd, as
-    # kata-deploy's names its own.
-    config.write_text(f'[hypervisor.qemu]\npath = "{QEMU}"\nkernel = "{KERNEL}"\ninitrd = "{STANDIN_INITRD}"\n'
-                      f'virtio_fs_daemon = "{VIRTIOFSD}"\nvirtio_fs_extra_args = {json.dumps(list(VIRTIOFSD_EXTRA))}\n')
+    config = kata_vm.kata_configuration(workdir / "configuration-qemu-runtime-rs.toml")
     policy_file = workdir / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy_body()))
     # TCG unless asked (KVM_CREATE_VM works here and a KVM guest hangs: --accel auto would spend its 10 s KVM
     # check on every session; tests/test_probe_vmm.py covers auto with a stand-in VMM).
     accel = os.environ.get("KATA_SIZING_VM_ACCEL", "tcg")
-    probed = cli(real_node.cp, "probe", policy_file, "--config", config, "--init", INIT, "--guest-modules", MODULES,
+    probed = cli(real_node.cp, "probe", policy_file, "--config", config, "--init", kata_vm.INIT, "--guest-modules",
+                 kata_vm.MODULES,
                  "--points", "1", "--node", real_node.name, "--accel", accel)
     assert probed.returncode == 0, probed.stderr
     accelerator = "kvm" if " under kvm " in probed.stdout.splitlines()[0] else "tcg"
@@ -412,9 +400,9 @@ def test_dev_shm_at_guidance_size_holds_the_vms_that_fit_and_one_vm_short_the_la
     fit = guidance["vmsPerClass"]["l"]["fit"]
     vm_mib = guidance["vmsPerClass"]["l"]["largestVmMemory"]
     assert fit == 2 and int(vm_mib.removesuffix("Mi")) == sized.largest_vm.memory_mib
-    paths = VmmPaths(str(QEMU), str(KERNEL), "qemu", "the test")
+    paths = VmmPaths(str(kata_vm.QEMU), str(kata_vm.KERNEL), "qemu", "the test")
     image = tmp_path / "initramfs"
-    image.write_bytes(initramfs(INIT.read_bytes()))
+    image.write_bytes(initramfs(kata_vm.INIT.read_bytes()))
 
     def boot_all(size_mib: int) -> tuple[list[int | None], int]:
         """Boot `fit` VMs one after another on a tmpfs of `size_mib`, each touching all it can and

@@ -37,6 +37,7 @@ from kata_sizing.core.probehost import CgroupLevel, HostRoom, VmEnd, failure, fi
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
 from kata_sizing.core.survey import COLUMNS, to_csv
+from tests import kata_vm
 from tests.operator_helpers import wait_for as poll
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,25 +219,17 @@ def test_bad_paths_are_one_line_and_exit_2(tmp_path, capsys, args, line):
     assert out == ""
 
 
-QEMU = Path("/usr/bin/qemu-system-x86_64")
-KERNEL = ROOT / ".tools" / "vm" / "vmlinuz"
-INIT = ROOT / ".tools" / "probe-init"
-# What `make node` builds for a Kata guest here: the kernel's modules for Kata's devices, the stand-in Kata
-# image (its agent the init's stand-in mode), and Kata's virtio-fs daemon.
-MODULES = ROOT / ".tools" / "vm" / "modules"
-STANDIN_IMAGE = ROOT / ".tools" / "vm" / "standin" / "kata-containers.img"
-VIRTIOFSD = ROOT / ".tools" / "virtiofsd"
 
 
 @pytest.fixture
 def vmm() -> tuple[Path, Path, Path]:
-    """Debian's QEMU and guest kernel and the probe's init, as `make node` provides them."""
-    if not all(path.exists() for path in (QEMU, KERNEL, INIT, MODULES, STANDIN_IMAGE, VIRTIOFSD)):
-        why = "no QEMU, guest kernel and modules, probe init, stand-in Kata image or virtiofsd (`make node` builds them)"
+    """Debian's QEMU and guest kernel and the probe's init, with what Kata's VM needs, as `make node` provides them."""
+    if kata_vm.missing():
+        why = f"missing {', '.join(map(str, kata_vm.missing()))} (`make node` builds them where QEMU installs and cargo runs)"
         if os.environ.get("KATA_SIZING_REQUIRE_NODE") == "1":
             pytest.fail(why)
         pytest.skip(why)
-    return QEMU, KERNEL, INIT
+    return kata_vm.QEMU, kata_vm.KERNEL, kata_vm.INIT
 
 
 def _qemu_pids(memory_dir: Path) -> list[int]:
@@ -271,10 +264,7 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     vms = [p.vm for p in probe_points(size_policy(parse_policy(body)), 1)]
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(body))
-    config = tmp_path / "configuration-qemu-runtime-rs.toml"
-    config.write_text(f'[hypervisor.qemu]\npath = "{qemu}"\nkernel = "{kernel}"\nimage = "{STANDIN_IMAGE}"\n'
-                      f'vm_rootfs_driver = "virtio-pmem"\nvirtio_fs_daemon = "{VIRTIOFSD}"\n'
-                      'virtio_fs_extra_args = ["--thread-pool-size=1", "-o", "announce_submounts"]\n')
+    config = kata_vm.kata_configuration(tmp_path / "configuration-qemu-runtime-rs.toml", image=True)
     mount = tmp_path / "tmpfs"
     mount.mkdir()
     tmpfs_mib = vms[-1].memory_mib + 16
@@ -288,7 +278,7 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     with open(stderr_path, "w") as stderr_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), "--config", str(config), "--init", str(init),
-             "--guest-modules", str(MODULES), "--accel", "tcg", "--points", "1", "--memory-dir", str(memory_dir),
+             "--guest-modules", str(kata_vm.MODULES), "--accel", "tcg", "--points", "1", "--memory-dir", str(memory_dir),
              "--timeout", "120"],
             stdout=subprocess.PIPE, stderr=stderr_file, text=True, cwd=ROOT,
             preexec_fn=lambda: (parent / "cgroup.procs").write_text(str(os.getpid())))
