@@ -66,22 +66,46 @@ $(NODE_IMAGES)/tools.tar: $(PODTOOL) scripts/node/build-images.py /bin/busybox
 # The init of the VMs `kata-sizing probe` boots (operator/probe-init, docs/probe.md): a static Go
 # binary with no dependency but Go's standard library.
 PROBE_INIT := $(TOOLS)/probe-init
-$(PROBE_INIT): operator/probe-init/main.go operator/probe-init/go.mod
+$(PROBE_INIT): $(wildcard operator/probe-init/*.go) operator/probe-init/go.mod
 	mkdir -p $(TOOLS)
 	cd operator/probe-init && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(CURDIR)/$(PROBE_INIT) .
 
 probe-init: $(PROBE_INIT)
 
 # The VM tests' image (tests/vm/test_node_vms.py): the tools image plus Debian's QEMU, a guest kernel
-# from Debian's cloud kernel package (scripts/node/fetch-guest-kernel.sh: downloaded, not installed)
-# and the probe's initramfs.
+# from Debian's cloud kernel package with the modules Kata's devices need (scripts/node/fetch-guest-kernel.sh:
+# downloaded, not installed), virtiofsd, and the probe's initramfs after a stand-in for Kata's initrd.
 GUEST_KERNEL := $(TOOLS)/vm/vmlinuz
-$(GUEST_KERNEL): scripts/node/fetch-guest-kernel.sh
-	bash scripts/node/fetch-guest-kernel.sh $(TOOLS)/vm
+$(GUEST_KERNEL): scripts/node/fetch-guest-kernel.sh operator/kata_sizing/core/kataguest.py | $(STAMP)
+	PYTHON=$(PY) bash scripts/node/fetch-guest-kernel.sh $(TOOLS)/vm
 
-$(NODE_IMAGES)/vm.tar: $(PODTOOL) $(PROBE_INIT) $(GUEST_KERNEL) scripts/node/build-images.py operator/kata_sizing/core/probe.py /usr/bin/qemu-system-x86_64 | $(STAMP)
+# The virtio-fs daemon Kata ships (the Rust virtiofsd, from crates.io at the version pinned here, with its
+# own Cargo.lock): built against Debian's libseccomp-dev and libcap-ng-dev (scripts/node/install-debs.sh).
+# A cold build takes about 2 minutes on 2 cores (docs/testing.md); without cargo the VM tests skip.
+# .tools/virtiofsd links to the build of the version pinned here.
+VIRTIOFSD_VERSION := 1.14.0
+VIRTIOFSD := $(TOOLS)/virtiofsd
+VIRTIOFSD_BUILD := $(TOOLS)/virtiofsd-$(VIRTIOFSD_VERSION)
+$(VIRTIOFSD_BUILD):
+	rm -rf $(TOOLS)/cargo
+	cargo install --quiet --locked --root $(CURDIR)/$(TOOLS)/cargo virtiofsd --version =$(VIRTIOFSD_VERSION)
+	mv $(TOOLS)/cargo/bin/virtiofsd $@
+	rm -rf $(TOOLS)/cargo
+
+$(VIRTIOFSD): $(VIRTIOFSD_BUILD)
+	ln -sfn $(notdir $<) $@
+
+# A stand-in for Kata's guest (its initrd and its image, as Kata's osbuilder lays them out) whose agent is
+# the probe init's stand-in mode: no registry serves Kata's agent here (docs/probe.md).
+STANDIN_GUEST := $(TOOLS)/vm/standin/kata-containers.img
+$(STANDIN_GUEST): $(PROBE_INIT) scripts/node/build-standin-guest.py | $(STAMP)
+	$(PY) scripts/node/build-standin-guest.py --agent $(PROBE_INIT) --out $(TOOLS)/vm/standin
+
+$(NODE_IMAGES)/vm.tar: $(PODTOOL) $(PROBE_INIT) $(GUEST_KERNEL) $(VIRTIOFSD) $(STANDIN_GUEST) scripts/node/build-images.py operator/kata_sizing/core/kataguest.py /usr/bin/qemu-system-x86_64 | $(STAMP)
 	$(PY) scripts/node/build-images.py --podtool $(PODTOOL) --busybox /bin/busybox --out $(NODE_IMAGES) \
-	  --vm-qemu /usr/bin/qemu-system-x86_64 --vm-kernel $(GUEST_KERNEL) --vm-init $(PROBE_INIT)
+	  --vm-qemu /usr/bin/qemu-system-x86_64 --vm-kernel $(GUEST_KERNEL) --vm-init $(PROBE_INIT) \
+	  --vm-modules $(TOOLS)/vm/modules --vm-kata-initrd $(TOOLS)/vm/standin/kata-containers-initrd.img \
+	  --vm-virtiofsd $(VIRTIOFSD)
 
 node: $(CONTROLPLANE) $(PODTOOL)
 	@bash scripts/node/install-debs.sh
@@ -89,8 +113,9 @@ node: $(CONTROLPLANE) $(PODTOOL)
 	  $(MAKE) --no-print-directory $(NODE_IMAGES)/tools.tar; \
 	else echo "busybox-static is not installed: no node images, the node tests will skip"; fi
 	@if [ -x /usr/bin/qemu-system-x86_64 ] && [ -x /bin/busybox ]; then \
-	  $(MAKE) --no-print-directory $(PROBE_INIT) $(GUEST_KERNEL); \
-	  if [ -s $(GUEST_KERNEL) ]; then $(MAKE) --no-print-directory $(NODE_IMAGES)/vm.tar; fi; \
+	  $(MAKE) --no-print-directory $(PROBE_INIT) $(GUEST_KERNEL) $(STANDIN_GUEST); \
+	  if ! command -v cargo >/dev/null 2>&1; then echo "cargo not found: no virtiofsd, the VM tests will skip"; \
+	  elif [ -s $(GUEST_KERNEL) ]; then $(MAKE) --no-print-directory $(NODE_IMAGES)/vm.tar; fi; \
 	else echo "QEMU is not installed: no VM image, the VM tests will skip"; fi
 
 

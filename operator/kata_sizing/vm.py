@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from .core.kataguest import GuestBoot, KernelModule, ModuleError, kernel_module
 from .core.probe import (
     HVC_SUFFIX,
     ConsoleReader,
@@ -37,7 +38,16 @@ from .core.probe import (
     quoted,
     vm_command,
 )
-from .core.probehost import CgroupLevel, HostRoom, VmEnd, keyed_counts, limit_bytes, own_cgroup, tightest_limit
+from .core.probehost import (
+    CgroupLevel,
+    HostRoom,
+    VmEnd,
+    keyed_counts,
+    limit_bytes,
+    own_cgroup,
+    tcg_cache_resident_bytes,
+    tightest_limit,
+)
 from .core.quantity import MIB
 from .core.sizing import Vm
 
@@ -61,6 +71,17 @@ MAX_READ_PER_POLL = 64 * 1024 * 1024
 MAX_CONSOLE_BYTES = 256 * 1024 * 1024
 # How long stopping a VM may take: its processes killed, each waited for.
 KILL_S = 10.0
+# How long a virtio-fs daemon may take to listen on its socket (it does in well under a second).
+DAEMON_START_S = 10.0
+# At most this often /proc/PID/smaps of a TCG VMM is read for its translation cache (the read walks the
+# page tables of the guest's memory too: about 10 ms a GiB of it touched, measured here).
+CACHE_SAMPLE_S = 1.0
+# Where the host's vhost-vsock device is: Kata gives every VM a vsock (its agent's channel) through it.
+VHOST_VSOCK = Path("/dev/vhost-vsock")
+# Bounds on a directory of guest kernel modules (--guest-modules): the modules Kata's devices need are
+# about 2.5 MB with their dependencies (docs/probe.md); no module is near 64 MiB.
+MAX_MODULES = 256
+MAX_MODULE_BYTES = 64 * MIB
 
 
 def find_init(explicit: str | None) -> Path:
@@ -79,6 +100,13 @@ def check_paths(paths: VmmPaths) -> None:
         raise ProbeError(f"the VMM {paths.vmm} (from {paths.source}) is not an executable file")
     if not Path(paths.kernel).is_file():
         raise ProbeError(f"the guest kernel {paths.kernel} (from {paths.source}) is not a file")
+    kata = paths.kata
+    for what, path in (("image", kata.image), ("initrd", kata.initrd)):
+        if path is not None and not Path(path).is_file():
+            raise ProbeError(f"the guest {what} {path} (from {paths.source}) is not a file")
+    daemon = kata.virtio_fs_daemon
+    if kata.virtio_fs and daemon is not None and not (Path(daemon).is_file() and os.access(daemon, os.X_OK)):
+        raise ProbeError(f"the virtio-fs daemon {daemon} (from {paths.source} or --virtiofsd) is not an executable file")
 
 
 # --- cgroups ---------------------------------------------------------------------------------------
@@ -443,32 +471,57 @@ def _peak_resident_bytes(pid: int) -> int | None:
     return None
 
 
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return int((PROC / str(pid) / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tcg_cache_bytes(pid: int) -> int | None:
+    try:
+        return tcg_cache_resident_bytes((PROC / str(pid) / "smaps").read_text())
+    except OSError:
+        return None
+
+
 class RunningVm:
-    """One VM being run: started in its own memory cgroup, its pipes drained and consoles read as
-    they grow (`poll`), stopped (every process of its cgroup killed, the cgroup removed) by `stop()`,
-    which every path out of a `with` block calls."""
+    """One VM being run: started in its own memory cgroup (a virtio-fs daemon first, when it has one, then
+    its VMM), its pipes drained and consoles read as they grow (`poll`), stopped (every process of its
+    cgroup killed, the cgroup removed) by `stop()`, which every path out of a `with` block calls."""
 
     def __init__(self, paths: VmmPaths, vm: Vm, *, accelerator: str, initramfs_path: Path, memory_dir: str,
-                 workdir: Path, command_line: str, name: str = "vm", cgroups: VmCgroups | None = None) -> None:
+                 workdir: Path, command_line: str, name: str = "vm", cgroups: VmCgroups | None = None,
+                 boot: GuestBoot | None = None, virtiofsd: list[str] | None = None) -> None:
         self.paths, self.vm, self.name, self.memory_dir = paths, vm, name, memory_dir
+        self.accelerator = accelerator
         self.console = workdir / f"{name}.console"
         self.consoles = [self.console, Path(f"{self.console}{HVC_SUFFIX}")]
         for stale in self.consoles:
             stale.unlink(missing_ok=True)
         self.command = vm_command(paths, vm, accelerator=accelerator, memory_dir=memory_dir,
                                   initramfs_path=str(initramfs_path), command_line=command_line,
-                                  console_path=str(self.console))
+                                  console_path=str(self.console), boot=boot)
+        self.boot = boot
+        self.virtiofsd_command = virtiofsd
         self.cgroups = cgroups
         self.cgroup: MemoryCgroup | None = None
         self.processes: list[subprocess.Popen] = []
+        self.main: subprocess.Popen | None = None  # the VMM
+        self.daemon: subprocess.Popen | None = None  # the virtio-fs daemon
         self.reader = ConsoleReader()
         self._offsets = {path: 0 for path in self.consoles}
         self._selector = selectors.DefaultSelector()
         self._outputs: dict[int, _Output] = {}
         self.stderr = _Output()
+        self.daemon_stderr = _Output()
         self.started = 0.0
         self.peak_resident: int | None = None
+        self.daemon_peak_resident: int | None = None
         self.polled_peak: int | None = None
+        self.cache_at_peak: int | None = None
+        self._cache_sampled = 0.0
+        self._daemon_pids: set[int] = set()
         self.stopped_by_us = False
         self.stopped_because: str | None = None
         self.timed_out = False
@@ -484,7 +537,11 @@ class RunningVm:
         self._hits_before = {level.path: level.limit_hits for level in self.cgroups.levels_over(self.cgroup)}
         self.started = time.monotonic()
         try:
-            self.start(self.command, stderr=self.stderr)
+            if self.virtiofsd_command is not None:
+                self.daemon = self.start(self.virtiofsd_command, stderr=self.daemon_stderr)
+                self._daemon_pids.add(self.daemon.pid)
+                self._wait_for_socket()
+            self.main = self.start(self.command, stderr=self.stderr)
         except ProbeError:
             self.stop()
             raise
@@ -493,8 +550,25 @@ class RunningVm:
     def __exit__(self, *_: object) -> None:
         self.stop()
 
+    def _wait_for_socket(self) -> None:
+        """Until the daemon listens on its socket (QEMU connects to it at start), or it ends."""
+        assert self.boot is not None and self.boot.virtio_fs_socket is not None and self.daemon is not None
+        assert self.virtiofsd_command is not None
+        socket_path = Path(self.boot.virtio_fs_socket)
+        deadline = time.monotonic() + DAEMON_START_S
+        while not socket_path.is_socket():
+            self.poll(POLL_S)
+            ended = self.daemon.poll()
+            if ended is None and time.monotonic() < deadline:
+                continue
+            self.poll()
+            why = f"exited with {ended}" if ended is not None else f"did not listen within {DAEMON_START_S:g} s"
+            said = self.daemon_stderr.last_line
+            raise ProbeError(f"the virtio-fs daemon {quoted(self.virtiofsd_command[0])} {why}"
+                             + (f": {quoted(said)}" if said else ""))
+
     def start(self, argv: list[str], stderr: _Output | None = None) -> subprocess.Popen:
-        """Start a process of this VM (the VMM first; a virtiofsd beside it): in the VM's cgroup
+        """Start a process of this VM (the VMM; a virtiofsd before it): in the VM's cgroup
         before it runs, in a session of its own, its output drained."""
         cgroup = self.cgroup
         try:
@@ -523,15 +597,36 @@ class RunningVm:
         elif wait_s:
             time.sleep(wait_s)
         self._read_consoles()
-        if self.cgroup is not None:
-            usage = self.cgroup.usage_bytes()
-            if usage is not None:
-                self.polled_peak = max(usage, self.polled_peak or 0)
         pids = self.cgroup.pids() if self.cgroup is not None else [p.pid for p in self.processes if p.poll() is None]
+        for pid in pids:  # the daemon's own, and any process it started (its sandbox)
+            if pid not in self._daemon_pids and _parent_pid(pid) in self._daemon_pids:
+                self._daemon_pids.add(pid)
+        vmm_pids = [pid for pid in pids if pid not in self._daemon_pids]
         for pid in pids:
             resident = _peak_resident_bytes(pid)
-            if resident is not None:
+            if resident is None:
+                continue
+            if pid in self._daemon_pids:
+                self.daemon_peak_resident = max(resident, self.daemon_peak_resident or 0)
+            else:
                 self.peak_resident = max(resident, self.peak_resident or 0)
+        if self.cgroup is not None:
+            usage = self.cgroup.usage_bytes()
+            if usage is not None and usage >= (self.polled_peak or 0):
+                self.polled_peak = usage
+                self._sample_cache(vmm_pids)
+
+    def _sample_cache(self, vmm_pids: list[int]) -> None:
+        """Under TCG, what of QEMU's translation cache is resident, sampled as the cgroup's charge reaches
+        a new high (at most every CACHE_SAMPLE_S: smaps walks the guest's memory too), so it goes with
+        the cgroup's peak."""
+        now = time.monotonic()
+        if self.accelerator != "tcg" or now - self._cache_sampled < CACHE_SAMPLE_S:
+            return
+        self._cache_sampled = now
+        found = [cache for cache in map(_tcg_cache_bytes, vmm_pids) if cache is not None]
+        if found:
+            self.cache_at_peak = sum(found)
 
     def _drain(self, pipe: IO[bytes]) -> None:
         fd = pipe.fileno()
@@ -572,7 +667,7 @@ class RunningVm:
         return self.reader.report()
 
     def running(self) -> bool:
-        return bool(self.processes) and self.processes[0].poll() is None
+        return self.main is not None and self.main.poll() is None
 
     def wait(self, timeout_s: float, until: Callable[[GuestReport], bool] | None = None,
              interrupted: Callable[[], bool] | None = None) -> bool:
@@ -598,7 +693,7 @@ class RunningVm:
         if self.result_ is not None:
             return self.result_
         notes = []
-        main = self.processes[0] if self.processes else None
+        main = self.main
         if main is not None and main.poll() is None:
             self.stopped_by_us = True
         if main is not None:
@@ -655,17 +750,22 @@ class RunningVm:
         first, last = self.stderr.first_line, self.stderr.last_line
         if exit_code not in (0, None) and last and last != first:
             notes.append(f"the VMM's stderr ended with: {quoted(last)}")
+        daemon_said = self.daemon_stderr.last_line
+        if self.daemon is not None and self.daemon.returncode not in (0, None, -signal.SIGKILL) and daemon_said:
+            notes.append(f"the virtio-fs daemon exited with {self.daemon.returncode}: {quoted(daemon_said)}")
         end = VmEnd(exit_code, timed_out=self.timed_out, seconds=time.monotonic() - self.started, oom_kills=oom,
                     limit=limit, memory_dir_free_bytes=free, memory_dir_size_bytes=size,
                     stderr_line=quoted(first) if first else None, stopped_because=self.stopped_because,
                     limit_hits=hits)
-        self.result_ = BootResult(self.reader.report(), HostFigures(self.peak_resident, peak), end, tuple(notes))
+        cache = self.cache_at_peak if peak is not None else None
+        self.result_ = BootResult(self.reader.report(), HostFigures(self.peak_resident, peak, cache,
+                                                                    self.daemon_peak_resident), end, tuple(notes))
         return self.result_
 
     @property
     def exit_code(self) -> int | None:
         """None while running or when stopped by us; negative: killed by that signal (SIGBUS: -7)."""
-        main = self.processes[0] if self.processes else None
+        main = self.main
         if main is None or main.poll() is None or self.stopped_by_us:
             return None
         return main.returncode
@@ -674,13 +774,86 @@ class RunningVm:
 def boot(paths: VmmPaths, vm: Vm, *, accelerator: str, initramfs_path: Path, memory_dir: str, workdir: Path,
          command_line: str, timeout_s: float, name: str = "vm", cgroups: VmCgroups | None = None,
          until: Callable[[GuestReport], bool] | None = None,
-         interrupted: Callable[[], bool] | None = None) -> BootResult:
-    """Boot one VM and wait until it powers off (or `until` the report says so, the probe is
-    interrupted, or the timeout); it is stopped in every case before this returns."""
+         interrupted: Callable[[], bool] | None = None, guest: GuestBoot | None = None,
+         virtiofsd: list[str] | None = None) -> BootResult:
+    """Boot one VM (with `guest`'s devices, and `virtiofsd` beside it) and wait until it powers off (or
+    `until` the report says so, the probe is interrupted, or the timeout); it is stopped in every case
+    before this returns."""
     with RunningVm(paths, vm, accelerator=accelerator, initramfs_path=initramfs_path, memory_dir=memory_dir,
-                   workdir=workdir, command_line=command_line, name=name, cgroups=cgroups) as running:
+                   workdir=workdir, command_line=command_line, name=name, cgroups=cgroups, boot=guest,
+                   virtiofsd=virtiofsd) as running:
         running.wait(timeout_s, until, interrupted)
     return running.stop()
+
+
+# --- the host's parts of a Kata guest ---------------------------------------------------------------------
+
+
+def vsock_available(device: Path = VHOST_VSOCK) -> bool:
+    """Whether a VM can have Kata's vsock here (vhost-vsock-pci opens the host's /dev/vhost-vsock)."""
+    return device.is_char_device() and os.access(device, os.R_OK | os.W_OK)
+
+
+def host_memory_mib(meminfo: Path = PROC / "meminfo") -> int:
+    """The host's MemTotal, MiB: what Kata's runtimes read for a VM's maxmem when default_maxmemory is 0."""
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    raise ProbeError(f"{meminfo} holds no MemTotal")
+
+
+def read_modules(directory: Path) -> list[KernelModule]:
+    """The kernel modules (*.ko) of a directory, each read and named from its .modinfo."""
+    if not directory.is_dir():
+        raise ProbeError(f"--guest-modules {directory}: not a directory")
+    files = sorted(directory.glob("*.ko"))
+    if not files or len(files) > MAX_MODULES:
+        raise ProbeError(f"--guest-modules {directory}: {len(files)} kernel modules (*.ko); from 1 to {MAX_MODULES}")
+    modules = []
+    for path in files:
+        if path.stat().st_size > MAX_MODULE_BYTES:
+            raise ProbeError(f"--guest-modules: {path.name} is larger than {MAX_MODULE_BYTES // MIB} MiB")
+        try:
+            modules.append(kernel_module(path.read_bytes(), str(path)))
+        except ModuleError as exc:
+            raise ProbeError(f"--guest-modules: {exc}") from None
+    return modules
+
+
+def drop_cached(path: Path, written: bool) -> str | None:
+    """Out of the host's page cache (a file the probe `written`, to disk first): the next VM that reads the
+    file is charged for its pages as the first Kata pod on a node is (POSIX_FADV_DONTNEED; pages another
+    process maps stay, and a tmpfs keeps all of them). Why not, or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return f"{quoted(str(path))} cannot be dropped from the page cache: {exc.strerror}"
+    try:
+        if written:
+            os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError as exc:
+        return f"{quoted(str(path))} cannot be dropped from the page cache: {exc.strerror}"
+    finally:
+        os.close(fd)
+    return None
+
+
+def filesystem_type(path: Path, mounts: Path = PROC / "self" / "mounts") -> str | None:
+    """The type of the filesystem `path` is on (the longest mount point above it), or None."""
+    resolved, best, kind = str(path.resolve()), "", None
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        words = line.split()
+        if len(words) < 3:
+            continue
+        point = words[1].replace("\\040", " ")
+        if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, words[2]
+    return kind
 
 
 def kvm_problem() -> str | None:

@@ -7,9 +7,12 @@
   busybox-static (sh, sleep, cat, ...), entry point `sh`;
 - with --vm-qemu, --vm-kernel and --vm-init, `kata-sizing.test/vm:1`: the tools image plus QEMU
   (the binary, its accelerator modules, the libraries `ldd` names, its firmware directories), a guest kernel at
-  /vm/vmlinuz and the probe's initramfs at /vm/initrd (its init, operator/probe-init): a pod of
-  it runs a VM (tests/vm/test_node_vms.py). Written with the project's venv Python, which has
-  kata_sizing (the initramfs is core/probe.py's).
+  /vm/vmlinuz and the probe's initramfs at /vm/initrd (its init, operator/probe-init, and the kernel
+  modules of --vm-modules, after the stand-in Kata initrd of --vm-kata-initrd), the virtio-fs daemon of
+  --vm-virtiofsd at /usr/libexec/virtiofsd (with its libraries) and the workload's binary at
+  /vm/workload: a pod of it runs a VM as Kata's runtime would, virtiofsd beside it
+  (tests/vm/test_node_vms.py). Written with the project's venv Python, which has kata_sizing (the
+  initramfs is core/kataguest.py's).
 
 No image can be pulled on the test machines, so the node imports these into containerd
 (`ctr -n k8s.io images import`). Each archive is an OCI image layout in a tar (oci-layout,
@@ -36,6 +39,8 @@ PAUSE_IMAGE = "kata-sizing.test/pause:1"
 TOOLS_IMAGE = "kata-sizing.test/tools:1"
 VM_IMAGE = "kata-sizing.test/vm:1"
 QEMU_DATA = (Path("/usr/share/qemu"), Path("/usr/share/seabios"))
+# Where the VM image carries virtiofsd (as Kata's packages put it under their libexec).
+VIRTIOFSD_PATH = "/usr/libexec/virtiofsd"
 # Debian builds QEMU's accelerators (TCG among them) as modules it loads at start.
 QEMU_MODULES = Path("/usr/lib/x86_64-linux-gnu/qemu")
 ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -139,17 +144,26 @@ def parents(paths: list[str]) -> list[tuple[str, None, int]]:
     return [(d, None, 0o755) for d in sorted(dirs)]
 
 
-def vm_layer(qemu: Path, kernel: Path, init: Path) -> bytes:
-    from kata_sizing.core.probe import initramfs
+def vm_layer(qemu: Path, kernel: Path, init: Path, guest_modules: Path | None, kata_initrd: Path | None,
+             virtiofsd: Path | None) -> bytes:
+    from kata_sizing.core.kataguest import initramfs, kernel_module, load_order
 
     files: list[tuple[str, bytes | str | None, int]] = [("usr/bin/qemu-system-x86_64", qemu.read_bytes(), 0o755)]
     modules = sorted(QEMU_MODULES.glob("accel-*.so")) if QEMU_MODULES.is_dir() else []
-    libraries = dict.fromkeys(lib for binary in (qemu, *modules) for lib in shared_libraries(binary))
+    binaries = [qemu, *modules, *([virtiofsd] if virtiofsd else [])]
+    libraries = dict.fromkeys(lib for binary in binaries for lib in shared_libraries(binary))
     files += [(str(lib).lstrip("/"), lib.resolve().read_bytes(), 0o755) for lib in [*libraries, *modules]]
+    if virtiofsd:
+        files.append((VIRTIOFSD_PATH.lstrip("/"), virtiofsd.read_bytes(), 0o755))
     for directory in QEMU_DATA:
         if directory.is_dir():
             files += tree(directory)
-    files += [("vm/vmlinuz", kernel.read_bytes(), 0o644), ("vm/initrd", initramfs(init.read_bytes()), 0o644)]
+    kernel_modules = load_order(kernel_module(path.read_bytes(), str(path))
+                                for path in sorted(guest_modules.glob("*.ko"))) if guest_modules else []
+    guest = initramfs(init.read_bytes(), [(m.name, m.data) for m in kernel_modules],
+                      kata_initrd.read_bytes() if kata_initrd else None)
+    files += [("vm/vmlinuz", kernel.read_bytes(), 0o644), ("vm/initrd", guest, 0o644),
+              ("vm/workload", init.read_bytes(), 0o755)]
     names = {name for name, _, _ in files}
     return layer([*[d for d in parents([n for n, c, _ in files if c is not None]) if d[0] not in names], *files])
 
@@ -162,6 +176,9 @@ def main() -> int:
     parser.add_argument("--vm-qemu", type=Path, help="with --vm-kernel and --vm-init: also the VM image")
     parser.add_argument("--vm-kernel", type=Path)
     parser.add_argument("--vm-init", type=Path)
+    parser.add_argument("--vm-modules", type=Path, help="the guest kernel's modules (*.ko) for the VM image's initramfs")
+    parser.add_argument("--vm-kata-initrd", type=Path, help="the (stand-in) Kata initrd the probe's initramfs follows")
+    parser.add_argument("--vm-virtiofsd", type=Path, help="the virtio-fs daemon for the VM image")
     args = parser.parse_args()
     architecture = ARCHITECTURES.get(platform.machine())
     if architecture is None:
@@ -193,7 +210,8 @@ def main() -> int:
         if not (args.vm_kernel and args.vm_init):
             raise SystemExit("--vm-qemu needs --vm-kernel and --vm-init")
         vm = write_archive(args.out / "vm.tar", VM_IMAGE,
-                           [podtool, busybox, vm_layer(args.vm_qemu, args.vm_kernel, args.vm_init)],
+                           [podtool, busybox, vm_layer(args.vm_qemu, args.vm_kernel, args.vm_init, args.vm_modules,
+                                                       args.vm_kata_initrd, args.vm_virtiofsd)],
                            {"Entrypoint": ["/usr/bin/qemu-system-x86_64"], "Env": ["PATH=/usr/bin:/bin:/"],
                             "WorkingDir": "/"}, architecture)
         print(f"{VM_IMAGE} {vm}")

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The node's parts from Debian's packages: containerd (with ctr), runc, the CNI plugins
-# (bridge, host-local, loopback, portmap), iptables and conntrack for kube-proxy, and
-# busybox-static for the test image. Idempotent: when every package is installed it only
+# (bridge, host-local, loopback, portmap), iptables and conntrack for kube-proxy,
+# busybox-static for the test image, QEMU for the VM tests, what the Rust virtiofsd builds
+# against (libseccomp-dev, libcap-ng-dev) and e2fsprogs (mkfs.ext4 -d) for the stand-in Kata
+# image. Idempotent: when every package is installed it only
 # asks dpkg and exits. Needs root and apt-get; otherwise it says why and exits 0, so
 # `make test` goes on and the node tests skip with one line saying why.
 set -euo pipefail
 
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack busybox-static qemu-system-x86)
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack busybox-static qemu-system-x86
+          libseccomp-dev libcap-ng-dev e2fsprogs)
 
 missing=()
 for package in "${PACKAGES[@]}"; do

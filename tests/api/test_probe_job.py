@@ -41,7 +41,8 @@ def test_the_job_s_memory_limit_holds_the_plan_of_its_own_policy(tmp_path: Path,
     assert needs_mib <= limit_mib, planned
     # And whatever policy the ConfigMap is given: no VM above the cap boots.
     cap_mib = memory_bytes(args[args.index("--max-vm-memory") + 1]) // MIB
-    assert cap_mib + VMM_MARGIN_MIB + PROBE_MEMORY_MIB <= limit_mib
+    read_mib = memory_bytes(args[args.index("--share-read") + 1] if "--share-read" in args else "16Mi") // MIB
+    assert cap_mib + VMM_MARGIN_MIB + read_mib + PROBE_MEMORY_MIB <= limit_mib
     assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"]
     # Nothing that keeps the pod off a node without KVM (the nodes TCG is for).
     volumes = job["spec"]["template"]["spec"]["volumes"]

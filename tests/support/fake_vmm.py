@@ -49,9 +49,9 @@ def main() -> None:
     if os.environ.get("FAKE_VMM_LOG"):
         with open(os.environ["FAKE_VMM_LOG"], "a") as log:
             log.write(json.dumps(argv) + "\n")
-    vm_mib = int(values(argv, "-m")[0].removesuffix("M"))
-    memory = qemu_options(values(argv, "-object")[0])
-    consoles = [qemu_options(v)["path"] for v in values(argv, "-chardev")]
+    vm_mib = int(values(argv, "-m")[0].split(",")[0].removesuffix("M"))
+    memory = next(o for o in map(qemu_options, values(argv, "-object")) if o.get("id") == "mem")
+    consoles = [qemu_options(v)["path"] for v in values(argv, "-chardev") if v.startswith("file,")]
     mode = "ok"
     for choice in os.environ.get("FAKE_VMM", "ok").split(","):
         size, _, what = choice.rpartition(":")

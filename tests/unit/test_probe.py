@@ -17,13 +17,13 @@ import yaml
 from kata_sizing import vm as vmrun
 from kata_sizing.cli import main
 from kata_sizing.core.calibrate import PROBE_COLUMNS, parse_samples_csv
+from kata_sizing.core.kataguest import GuestBoot, KataGuest, ModuleError, initramfs
 from kata_sizing.core.model import Runtime, parse_policy
 from kata_sizing.core.probe import (
     HostFigures,
     ProbeError,
     ProbePoint,
     config_candidates,
-    initramfs,
     kernel_command_line,
     parse_console,
     probe_points,
@@ -37,6 +37,7 @@ from kata_sizing.core.probehost import CgroupLevel, HostRoom, VmEnd, failure, fi
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
 from kata_sizing.core.survey import COLUMNS, to_csv
+from tests.support import kata_vm
 from tests.support.operator_helpers import wait_for as poll
 from tests.support.paths import ROOT
 
@@ -90,6 +91,18 @@ def test_a_row_reads_back_through_calibrate_with_the_probe_columns():
         "tcg", 64, "kernel-only", "vmm", "serial+virtio-console")
     under_kvm = probe_row(point, parse_console(CONSOLE), HostFigures(400 * MIB, 300 * MIB), "node-1", "kvm")
     assert (under_kvm.accelerator, under_kvm.tcg_tb_size_mib) == ("kvm", None)
+    # Kata's guest booted from its image on an nvdimm, virtiofsd beside QEMU, the translation cache measured:
+    # the row says each, and calibrate reads it back.
+    boot = GuestBoot(KataGuest(image="/kata.img", virtio_fs_daemon="/virtiofsd"), Runtime.RUST, 4096, 20 * MIB,
+                     virtio_fs_socket="/run/vfs.sock", vsock_cid=7)
+    kata = probe_row(point, parse_console(CONSOLE), HostFigures(400 * MIB, 300 * MIB, 30 * MIB, 20 * MIB), "node-1",
+                     "tcg", boot)
+    assert (kata.guest, kata.host_processes, kata.devices, kata.tcg_cache_resident_bytes) == (
+        "kata-image", "vmm+virtiofsd", "serial+virtio-console+virtio-scsi+nvdimm+vsock+rng+virtio-fs", 30 * MIB)
+    assert parse_samples_csv(to_csv([kata], [], columns=(*COLUMNS, *PROBE_COLUMNS))) == [kata]
+    # Under KVM there is no cache to take off, whatever was read.
+    assert probe_row(point, parse_console(CONSOLE), HostFigures(400 * MIB, 300 * MIB, 50 * MIB), None, "kvm",
+                     boot).tcg_cache_resident_bytes is None
     # What the workload could not have: the larger of free's view and the allocation's.
     assert read.unusable_mib == max(read.vm_nominal_mib - read.free_total_mib + read.free_used_mib,
                                     read.vm_nominal_mib - 188)
@@ -122,9 +135,13 @@ def test_the_kata_configuration_gives_the_vmm_and_kernel_or_says_what_is_missing
             'kernel = "/opt/kata/share/kata-containers/vmlinux.container"\n'
             'image = "/opt/kata/share/kata-containers/kata-containers.img"\n')
     found = vmm_paths(text, "c.toml", "qemu")
-    assert (found.vmm, found.kernel, found.guest_image) == (
+    assert (found.vmm, found.kernel, found.kata.image, found.kata.guest_kind) == (
         "/opt/kata/bin/qemu-system-x86_64", "/opt/kata/share/kata-containers/vmlinux.container",
-        "/opt/kata/share/kata-containers/kata-containers.img")
+        "/opt/kata/share/kata-containers/kata-containers.img", "kata-image")
+    with pytest.raises(ProbeError, match=r"c.toml: \[hypervisor.qemu\]: both image and initrd are set"):
+        vmm_paths(text + 'initrd = "/i"\n', "c.toml", "qemu")
+    with pytest.raises(ProbeError, match=r"c.toml: \[hypervisor.qemu\] virtio_fs_daemon: '/v\\n' is longer than"):
+        vmm_paths(text + 'virtio_fs_daemon = "/v\\n"\n', "c.toml", "qemu")
     with pytest.raises(ProbeError, match=r"c.toml: no \[hypervisor.clh\] section \(it has \[hypervisor.qemu\]\)"):
         vmm_paths(text, "c.toml", "clh")
     with pytest.raises(ProbeError, match=r"c.toml: \[hypervisor.qemu\] kernel is not set"):
@@ -143,6 +160,13 @@ def test_the_vm_is_placed_as_kata_s_qemu_places_it():
     assert "memory-backend-file,id=mem,size=300M,mem-path=/dev/shm,share=on" in command
     assert command[command.index("-smp") + 1] == "2" and command[command.index("-m") + 1] == "300M"
     assert command[-1] == "console=ttyS0 console=hvc0 quiet panic=-1 ksp.alloc=100 ksp.step=1 ksp.step_ms=20 ksp.linger=1"
+    # With Kata's guest: its memory hotplug region, its devices and its kernel parameters before the probe's.
+    boot = GuestBoot(paths.kata, Runtime.GO, 24000)
+    kata = vm_command(paths, Vm(2, 300), accelerator="tcg", memory_dir="/dev/shm", initramfs_path="/i",
+                      command_line=kernel_command_line(0), console_path="/c", boot=boot)
+    assert kata[kata.index("-m") + 1] == "300M,slots=10,maxmem=25024M"
+    assert "virtio-rng-pci,rng=rng0" in kata and "virtio-scsi-pci,id=scsi0" in kata
+    assert kata[-1].startswith("tsc=reliable ") and kata[-1].endswith(" " + kernel_command_line(0))
 
 
 def test_the_initramfs_is_a_newc_archive_with_the_init_at_slash_init():
@@ -160,8 +184,9 @@ def test_the_initramfs_is_a_newc_archive_with_the_init_at_slash_init():
         if name == "TRAILER!!!":
             break
         offset = data_at + size + (-size % 4)
-    assert dict(names)["init"] == init and [n for n, _ in names] == ["dev", "proc", "init", "TRAILER!!!"]
-    with pytest.raises(ProbeError, match="not an ELF executable"):
+    assert dict(names)["init"] == init and [n for n, _ in names] == [
+        "dev", "proc", "sys", "kata-sizing", "kata-sizing/modules", "init", "TRAILER!!!"]
+    with pytest.raises(ModuleError, match="not an ELF executable"):
         initramfs(b"#!/bin/sh\n")
 
 
@@ -194,20 +219,17 @@ def test_bad_paths_are_one_line_and_exit_2(tmp_path, capsys, args, line):
     assert out == ""
 
 
-QEMU = Path("/usr/bin/qemu-system-x86_64")
-KERNEL = ROOT / ".tools" / "vm" / "vmlinuz"
-INIT = ROOT / ".tools" / "probe-init"
 
 
 @pytest.fixture
 def vmm() -> tuple[Path, Path, Path]:
-    """Debian's QEMU and guest kernel and the probe's init, as `make node` provides them."""
-    if not (QEMU.is_file() and KERNEL.is_file() and INIT.is_file()):
-        why = "no QEMU, guest kernel or probe init (`make node` installs and builds them)"
+    """Debian's QEMU and guest kernel and the probe's init, with what Kata's VM needs, as `make node` provides them."""
+    if kata_vm.missing():
+        why = f"missing {', '.join(map(str, kata_vm.missing()))} (`make node` builds them where QEMU installs and cargo runs)"
         if os.environ.get("KATA_SIZING_REQUIRE_NODE") == "1":
             pytest.fail(why)
         pytest.skip(why)
-    return QEMU, KERNEL, INIT
+    return kata_vm.QEMU, kata_vm.KERNEL, kata_vm.INIT
 
 
 def _qemu_pids(memory_dir: Path) -> list[int]:
@@ -224,11 +246,12 @@ def _qemu_pids(memory_dir: Path) -> list[int]:
 
 
 def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vmm):
-    """Three real VMs (TCG) of one probe, their memory on a tmpfs in a directory whose name holds a
-    comma: the first gives its row; while the second runs, other files fill the tmpfs (as other
-    Kata VMs fill /dev/shm) and it dies of SIGBUS; while the third runs, the memory limit over the
-    probe (a Job's container) drops below it and the kernel OOM-kills it. The run goes on through
-    both, and says each."""
+    """Three real VMs (TCG) of one probe, booted as Kata boots its guest from an image (a stand-in's, on an
+    nvdimm with DAX, its agent started before the workload) with virtiofsd beside QEMU in the VM's cgroup,
+    their memory on a tmpfs in a directory whose name holds a comma: the first gives its row, which says
+    what it measured; while the second runs, other files fill the tmpfs (as other Kata VMs fill /dev/shm)
+    and it dies of SIGBUS; while the third runs, the memory limit over the probe (a Job's container)
+    drops below it and the kernel OOM-kills it. The run goes on through both, and says each."""
     qemu, kernel, init = vmm
     if os.geteuid() != 0:
         pytest.skip("a tmpfs and a memory cgroup of the test's own need root")
@@ -241,6 +264,7 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     vms = [p.vm for p in probe_points(size_policy(parse_policy(body)), 1)]
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(body))
+    config = kata_vm.kata_configuration(tmp_path / "configuration-qemu-runtime-rs.toml", image=True)
     mount = tmp_path / "tmpfs"
     mount.mkdir()
     tmpfs_mib = vms[-1].memory_mib + 16
@@ -253,8 +277,9 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     stderr_path = tmp_path / "stderr"
     with open(stderr_path, "w") as stderr_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), "--vmm", str(qemu), "--kernel", str(kernel),
-             "--init", str(init), "--accel", "tcg", "--points", "1", "--memory-dir", str(memory_dir), "--timeout", "120"],
+            [sys.executable, "-m", "kata_sizing.cli", "probe", str(policy), "--config", str(config), "--init", str(init),
+             "--guest-modules", str(kata_vm.MODULES), "--accel", "tcg", "--points", "1", "--memory-dir", str(memory_dir),
+             "--timeout", "120"],
             stdout=subprocess.PIPE, stderr=stderr_file, text=True, cwd=ROOT,
             preexec_fn=lambda: (parent / "cgroup.procs").write_text(str(os.getpid())))
     assert process.stdout is not None
@@ -300,7 +325,16 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     stderr = stderr_path.read_text()
     assert process.returncode == 3, stderr
     text = "".join(lines)
-    assert [(s.class_name, s.vm_nominal_mib) for s in parse_samples_csv(text)] == [("s", vms[0].memory_mib)]
+    [row] = parse_samples_csv(text)
+    assert (row.class_name, row.vm_nominal_mib) == ("s", vms[0].memory_mib)
+    # What it measured: Kata's image on an nvdimm with its (stand-in) agent, QEMU and virtiofsd, under TCG
+    # with what of the translation cache was resident apart.
+    assert (row.accelerator, row.guest, row.host_processes) == ("tcg", "kata-image", "vmm+virtiofsd")
+    assert {"nvdimm", "rng", "virtio-fs"} <= set(row.devices.split("+"))
+    assert row.tcg_cache_resident_bytes and 0 < row.tcg_cache_resident_bytes <= 64 * MIB
+    # The agent's memory is in the guest's used: the stand-in holds 24 MiB (operator/probe-init/standin.go).
+    assert row.free_used_mib > 24, row
+    assert "virtiofsd peak resident" in stderr and "its agent held" in stderr
     comments = [line for line in text.splitlines() if line.startswith("# class ")]
     m, large = vms[1], vms[2]
     assert comments[0].startswith(
@@ -309,7 +343,7 @@ def test_real_vms_a_row_kept_then_sigbus_and_an_oom_kill_each_named(tmp_path, vm
     assert "size it with `kata-sizing render --node-capacity`" in comments[0]
     assert comments[1] == (
         f"# class l: the VM of {large.memory_mib} MiB ({large.vcpus} vCPU) failed: OOM-killed: the kernel killed 1 process(es) "
-        f"of its memory cgroup (oom_kill 1); the VM of {large.memory_mib} MiB needs about {large.memory_mib + 128} MiB with its "
+        f"of its memory cgroup (oom_kill 1); the VM of {large.memory_mib} MiB needs about {large.memory_mib + 192} MiB with its "
         f"VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of {hierarchy.name(parent)}, "
         f"{comments[1].rsplit(', ', 1)[1]}"), comments
     assert comments[1].endswith(" MiB in use)")
@@ -328,13 +362,13 @@ LIMIT = CgroupLevel("/kubepods/pod1", 300 * MIB, 40 * MIB, 0, "memory.limit_in_b
 
 @pytest.mark.parametrize("end, problem, said", [
     (VmEnd(-9, oom_kills=1, limit=LIMIT), None,
-     "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the VM of 350 MiB needs about 478 "
+     "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the VM of 350 MiB needs about 526 "
      "MiB with its VMM, the memory limit over it is 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
     (VmEnd(-9, oom_kills=1), None, "OOM-killed: the kernel killed 1 process(es) of its memory cgroup (oom_kill 1); the "
-     "VM of 350 MiB needs about 478 MiB with its VMM, no cgroup limit over it: the host itself ran out"),
+     "VM of 350 MiB needs about 526 MiB with its VMM, no cgroup limit over it: the host itself ran out"),
     (VmEnd(-9, oom_kills=None, limit=LIMIT, limit_hits=2), None,
      "killed by SIGKILL after the memory limit over it was hit 2 time(s): most likely the OOM killer (this kernel keeps "
-     "no OOM kill count); the VM of 350 MiB needs about 478 MiB with its VMM, the limit is 300 MiB "
+     "no OOM kill count); the VM of 350 MiB needs about 526 MiB with its VMM, the limit is 300 MiB "
      "(memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)"),
     (VmEnd(-9, oom_kills=0, limit=LIMIT, limit_hits=2), "the guest's workload never finished",
      "the VMM was killed by SIGKILL (the guest's workload never finished)"),
@@ -358,11 +392,11 @@ def test_what_ended_a_vm_is_named(end, problem, said):
 
 def test_a_vm_is_held_to_the_host_s_available_memory_the_memory_dir_and_the_limits_over_the_probe():
     room = HostRoom(400 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
-    assert fit_problem(END_POINT, room) == ("class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than "
+    assert fit_problem(END_POINT, room) == ("class m: the VM of 350 MiB (2 vCPU) needs 526 MiB with its VMM, more than "
                                             "the host's MemAvailable 400 MiB (/proc/meminfo)")
     room = HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB, (LIMIT,))
     assert fit_problem(END_POINT, room) == (
-        "class m: the VM of 350 MiB (2 vCPU) needs 478 MiB with its VMM, more than the memory limit over the probe "
+        "class m: the VM of 350 MiB (2 vCPU) needs 526 MiB with its VMM, more than the memory limit over the probe "
         "leaves: 300 MiB (memory.limit_in_bytes of /kubepods/pod1, 40 MiB in use)")
     assert fit_problem(END_POINT, HostRoom(4096 * MIB, "/dev/shm", 1024 * MIB, 1024 * MIB)) is None
     # Not read is no limit: the probe says what it could not read, and boots.

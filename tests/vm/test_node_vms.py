@@ -1,22 +1,27 @@
 """Real VMs under the project's classes, on the real node (tests/support/realnode.py) and on its host.
 
-What is real here: QEMU (Debian's qemu-system-x86), a Linux guest (Debian's cloud kernel) running
-the probe's init (operator/probe-init), the kubelet's pod cgroups with limits + podFixed, tmpfs.
-What still stands in: no Kata agent or shim. A pod's container runs the VM itself, joined to its
-pod's cgroup (every controller) before QEMU starts, as Kata's shim puts the VMM there with
-sandbox_cgroup_only = true; the container's own figures therefore come from QEMU, not from
-inside a guest. Guests run under TCG on these machines (KVM_CREATE_VM works, a KVM guest
-hangs): the host side includes TCG's translation cache, which KVM has not (docs/probe.md).
+What is real here: QEMU (Debian's qemu-system-x86) with Kata's memory hotplug region and devices
+(rng, a SCSI controller, virtio-fs; no vsock: this host has no vhost-vsock), Kata's virtio-fs daemon
+(the Rust virtiofsd 1.14) beside it in the same cgroup serving a directory the workload reads through,
+a Linux guest (Debian's cloud kernel, its virtio drivers loaded as modules) booted from a stand-in for
+Kata's initrd with the probe's init appended (operator/probe-init), which starts the initrd's agent
+before the workload, the kubelet's pod cgroups with limits + podFixed, tmpfs.
+What still stands in: Kata's agent (a stand-in holding 24 MiB: scripts/node/build-standin-guest.py) and
+shim (none). A pod's container runs virtiofsd and the VM itself, joined to its pod's cgroup (every
+controller) before they start, as Kata's shim puts them there with sandbox_cgroup_only = true; the
+container's own figures therefore come from QEMU, not from inside a guest. Guests run under TCG on
+these machines (KVM_CREATE_VM works, a KVM guest hangs): the host side includes TCG's translation
+cache, which KVM has not (docs/probe.md).
 
-- `kata-sizing probe` boots the node's QEMU and kernel at the test policy's VM sizes and its rows
-  (which say tcg, the probe's kernel-only guest and QEMU alone) feed `calibrate`; the calibrated
-  policy's largest pod of each class allocates its whole memory limit inside its VM, with no OOM
-  kill, and the operator's status.measurement agrees with the pod cgroups' own figures. calibrate
-  takes no host side from TCG rows (no KVM node has their translation cache); these pods run QEMU
-  under TCG as the probe did, so the test gives the policy the probe's own host side.
+- `kata-sizing probe` boots the node's QEMU and kernel with that guest at the test policy's VM sizes
+  and its rows (which say tcg with the cache measured apart, the kata-initrd guest, QEMU and
+  virtiofsd) feed `calibrate`; the calibrated policy's largest pod of each class allocates its whole
+  memory limit inside its VM, with no OOM kill, and the operator's status.measurement agrees with the
+  pod cgroups' own figures. calibrate takes the translation cache off the host side (no KVM node has
+  it); these pods run QEMU under TCG as the probe did, so the test adds the cache the probe measured.
 - A policy whose podFixed is below what the probe measured: the operator's HeadroomLow comes
   first (QEMU is paused just under the warning line until the event is posted), then the kernel
-  OOM-kills the VMM in the pod cgroup and the pod shows the kill.
+  OOM-kills the VMM in the pod cgroup, which holds virtiofsd too, and the pod shows the kill.
 - /dev/shm: a tmpfs at node guidance's size holds the VMs that fit, each touching all it can;
   one VM short, the last VM dies with SIGBUS.
 """
@@ -26,23 +31,25 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kata_sizing.core.calibrate import parse_samples_csv
+from kata_sizing.core.kataguest import SHARE_DATA, SHARE_WORKLOAD, GuestBoot, KataGuest, virtiofsd_command
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.probe import VmmPaths, kernel_command_line, parse_console, vm_command
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.sizing import Vm, explain_pod, size_policy
+from tests.support import kata_vm
 from tests.support.operator_helpers import wait_for as poll
 from tests.support.policies import explicit_classes_policy
 from tests.support.realcluster import ROOT, ControlPlane, wait_observed
@@ -50,9 +57,6 @@ from tests.support.realnode import NODE_TOLERATION, POD_CONTROLLERS, Node
 
 pytestmark = pytest.mark.node
 
-QEMU = Path("/usr/bin/qemu-system-x86_64")
-KERNEL = ROOT / ".tools" / "vm" / "vmlinuz"
-INIT = ROOT / ".tools" / "probe-init"
 POLICY = "node"  # its RuntimeClasses kata-node-<class> are handlers the node maps to runc
 CLASSES = [{"name": "s", "cpu": "400m", "memory": "64Mi"}, {"name": "m", "cpu": "400m", "memory": "192Mi"},
            {"name": "l", "cpu": "400m", "memory": "384Mi"}]
@@ -61,16 +65,23 @@ CLASSES = [{"name": "s", "cpu": "400m", "memory": "64Mi"}, {"name": "m", "cpu": 
 FALLBACK = {"cpu": "1", "memory": "64Mi"}
 # Three pods of 400m each, plus podFixed's CPU, fit the node's 2 CPUs at once.
 INTERVAL_S = 15  # the measurement's shortest interval
-# The image's paths (scripts/node/build-images.py).
-IMAGE_PATHS = VmmPaths("/usr/bin/qemu-system-x86_64", "/vm/vmlinuz", "qemu", "kata-sizing.test/vm:1")
+# The image's paths (scripts/node/build-images.py): its /vm/initrd is the stand-in Kata initrd with the
+# probe's initramfs appended; the share goes to the container's /tmp.
+IMAGE_PATHS = VmmPaths("/usr/bin/qemu-system-x86_64", "/vm/vmlinuz", "qemu", "kata-sizing.test/vm:1",
+                       KataGuest(initrd="/vm/initrd", virtio_fs_daemon="/usr/libexec/virtiofsd",
+                                 virtio_fs_extra_args=kata_vm.VIRTIOFSD_EXTRA))
+POD_SHARE, POD_SOCKET = "/tmp/kata-sizing-share", "/tmp/kata-sizing-virtiofsd.sock"
 # What a pod's cgroup holds besides its VM's memory and QEMU: the pause container. The kubelet and
 # the operator read the same cgroup at slightly different moments.
 TOLERANCE_MIB = 8
+# What each workload reads through virtio-fs before it allocates: `kata-sizing probe`'s default.
+SHARE_READ_BYTES = 16 * MIB
 
 
 def vm_problem(real_node: Node) -> str | None:
-    if real_node.vm_image is None or not KERNEL.is_file() or not INIT.is_file() or not QEMU.is_file():
-        return "no VM image, guest kernel, probe init or QEMU (`make node` builds them where QEMU installs)"
+    if real_node.vm_image is None or kata_vm.missing():
+        return (f"no VM image, or missing {', '.join(map(str, kata_vm.missing()))} (`make node` builds them where QEMU "
+                "installs and cargo runs)")
     return None
 
 
@@ -80,6 +91,10 @@ class Calibrated:
     probe_csv: str
     overhead: dict
     policy: dict
+    host_memory_mib: int  # the host's MemTotal, for the pods' QEMU as Kata's runtime reads it
+    # The largest host side a probe row measured (its cgroup's peak beyond the VM: QEMU with the translation
+    # cache, virtiofsd, the page cache of the share), MiB: what these pods hold beyond their VMs.
+    probe_host_mib: int
 
     def sizing(self, body: dict | None = None):
         return size_policy(parse_policy(body or self.policy))
@@ -101,60 +116,83 @@ def policy_body(**spec: object) -> dict:
 
 @pytest.fixture(scope="module")
 def calibrated(real_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Calibrated:
-    """`kata-sizing probe` of the test policy on this host's QEMU and kernel (those the VM image
-    carries), then `calibrate --policy`: the policy every VM test starts from."""
+    """`kata-sizing probe` of the test policy on this host's QEMU and kernel (those the VM image carries)
+    with the stand-in Kata initrd and virtiofsd, then `calibrate --policy`: the policy every VM test
+    starts from."""
+    from kata_sizing import vm as vmrun
+
     problem = vm_problem(real_node)
     if problem:
         if os.environ.get("KATA_SIZING_REQUIRE_NODE") == "1":
             pytest.fail(problem)
         pytest.skip(problem)
     workdir = tmp_path_factory.mktemp("probe")
-    config = workdir / "configuration-qemu-runtime-rs.toml"
-    # A Kata-shaped configuration naming this host's VMM and kernel, as kata-deploy's would.
-    config.write_text(f'[hypervisor.qemu]\npath = "{QEMU}"\nkernel = "{KERNEL}"\n'
-                      'initrd = "/opt/kata/share/kata-containers/kata-containers-initrd.img"\n')
+    config = kata_vm.kata_configuration(workdir / "configuration-qemu-runtime-rs.toml")
     policy_file = workdir / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy_body()))
-    probed = cli(real_node.cp, "probe", policy_file, "--config", config, "--init", INIT, "--points", "1",
-                 "--node", real_node.name)
+    # TCG unless asked (KVM_CREATE_VM works here and a KVM guest hangs: --accel auto would spend its 10 s KVM
+    # check on every session; tests/unit/test_probe_vmm.py covers auto with a stand-in VMM).
+    accel = os.environ.get("KATA_SIZING_VM_ACCEL", "tcg")
+    probed = cli(real_node.cp, "probe", policy_file, "--config", config, "--init", kata_vm.INIT, "--guest-modules",
+                 kata_vm.MODULES,
+                 "--points", "1", "--node", real_node.name, "--accel", accel)
     assert probed.returncode == 0, probed.stderr
     accelerator = "kvm" if " under kvm " in probed.stdout.splitlines()[0] else "tcg"
     csv_path = workdir / "probe.csv"
     csv_path.write_text(probed.stdout)
     rows = parse_samples_csv(probed.stdout)
-    assert {(r.accelerator, r.guest, r.host_processes) for r in rows} == {(accelerator, "kernel-only", "vmm")}
+    assert {(r.accelerator, r.guest, r.host_processes) for r in rows} == {(accelerator, "kata-initrd", "vmm+virtiofsd")}
+    assert all("virtio-fs" in r.devices.split("+") for r in rows)
+    print(probed.stderr)
     fitted = cli(real_node.cp, "calibrate", csv_path, "--policy", policy_file, "-o", "json")
     assert fitted.returncode == 0, fitted.stderr
     report = json.loads(fitted.stdout)
     overhead = report["overhead"]
-    if "hostMemory" not in overhead:
-        # TCG with tb-size=64: calibrate proposes no host side (the parts say so). These pods hold QEMU
-        # alone under TCG, as the probe's VMs did: their host side is the probe's, with the margin.
-        assert "measured" not in {p["part"]: p for p in report["parts"]}["VMM"], report["parts"]
-        host = max(r.host_mib for r in rows if r.host_mib is not None)
-        overhead["hostMemory"] = f"{math.ceil(host * (1 + Fraction(overhead['margin'])))}Mi"
+    parts = {p["part"]: p for p in report["parts"]}
+    # Each part these rows saw is measured; the shim alone is a stated default.
+    assert all("measured" in parts[part] for part in ("guest kernel", "guest userland", "VMM", "virtiofsd")), parts
+    assert "measured" not in parts["shim"] and parts["shim"]["assumedMiB"] == 20, parts
+    if accelerator == "tcg":
+        # calibrate took the translation cache off the host side (no KVM node has one); these pods run QEMU
+        # under TCG with the same tb-size as the probe's VMs did, so their host side holds it again.
+        cache_mib = math.ceil(max(r.tcg_cache_resident_bytes or 0 for r in rows) / MIB)
+        overhead["hostMemory"] = f"{int(overhead['hostMemory'].removesuffix('Mi')) + cache_mib}Mi"
     classes = {"classes": report["specClasses"]} if "specClasses" in report else {}
-    return Calibrated(accelerator, probed.stdout, overhead, policy_body(overhead=overhead, **classes))
+    return Calibrated(accelerator, probed.stdout, overhead, policy_body(overhead=overhead, **classes),
+                      vmrun.host_memory_mib(), math.ceil(max(r.host_mib or 0 for r in rows)))
 
 
 # --- a pod whose container runs the VM its class gives it ------------------------------------------
 
 JOIN_POD_CGROUP = (
     # The container's process joins its pod's cgroup (the kubelet's pod<uid>, under the pod's QoS
-    # class) in every controller, as Kata's shim puts the VMM there, then becomes QEMU. "0" is the
+    # class) in every controller, as Kata's shim puts the VMM and virtiofsd there. "0" is the
     # writing process (the shell: echo is built in), whose pid the host's cgroup tree does not know
     # by its number in the container.
     'for c in ' + " ".join(POD_CONTROLLERS) + '; do for d in /host/cgroup/$c/kubepods/pod$POD_UID '
     '/host/cgroup/$c/kubepods/burstable/pod$POD_UID; do if [ -d $d ]; then echo 0 > $d/cgroup.procs || exit 1; fi; '
-    'done; done; exec "$@"')
+    'done; done; ')
+
+
+def start_virtiofsd(share_read_bytes: int) -> str:
+    """The share the workload reads through (its binary and a file of `share_read_bytes`, written here so
+    their pages are in the pod's cgroup as the probe's VMs had them in theirs), and virtiofsd serving it in
+    the background, the VMM started once it listens: what Kata's runtime does before it starts QEMU."""
+    daemon = shlex.join(virtiofsd_command(IMAGE_PATHS.kata, POD_SOCKET, POD_SHARE))
+    return (f'mkdir -p {POD_SHARE} && cp /vm/workload {POD_SHARE}/{SHARE_WORKLOAD} && '
+            f'head -c {share_read_bytes} /dev/zero > {POD_SHARE}/{SHARE_DATA} || exit 1; {daemon} & '
+            f'i=0; while [ ! -S {POD_SOCKET} ]; do i=$((i + 1)); [ $i -le 100 ] || exit 1; sleep 0.1; done; exec "$@"')
 
 
 def vm_pod(real_node: Node, name: str, namespace: str, class_name: str, *, cpu: str, memory_mib: int, vm: Vm,
-           accelerator: str, command_line: str) -> dict:
+           accelerator: str, command_line: str, calibrated: Calibrated) -> dict:
+    boot = GuestBoot(IMAGE_PATHS.kata, calibrated.sizing().runtime, calibrated.host_memory_mib,
+                     virtio_fs_socket=POD_SOCKET)
     command = vm_command(IMAGE_PATHS, vm, accelerator=accelerator, memory_dir="/dev/shm",
-                         initramfs_path="/vm/initrd", command_line=command_line, console_path=None)
+                         initramfs_path="/vm/initrd", command_line=command_line, console_path=None, boot=boot)
     body = real_node.pod(name, namespace=namespace, runtime_class=f"kata-{POLICY}-{class_name}",
-                         command=["/bin/sh", "-c", JOIN_POD_CGROUP, "vm", *command],
+                         command=["/bin/sh", "-c", JOIN_POD_CGROUP + start_virtiofsd(SHARE_READ_BYTES), "vm",
+                                  *command],
                          limits={"cpu": cpu, "memory": f"{memory_mib}Mi"})
     container = body["spec"]["containers"][0]
     container["image"] = real_node.vm_image
@@ -220,9 +258,10 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         vm = explain_pod(sizing, sized.name, sized.envelope_cpu, limit_mib * MIB).vm
         body = vm_pod(real_node, f"vm-{sized.name}", node_namespace, sized.name, cpu=str(sized.envelope_cpu),
                       memory_mib=limit_mib, vm=vm, accelerator=calibrated.accelerator,
-                      command_line=kernel_command_line(limit_mib, linger=True))
+                      command_line=kernel_command_line(limit_mib, linger=True), calibrated=calibrated)
         cp.create(f"/api/v1/namespaces/{node_namespace}/pods", body)
         pods[sized.name] = (body, vm, limit_mib)
+    started = time.monotonic()
     reports = {}
     for name, (body, _vm, limit_mib) in pods.items():
         report = poll(lambda: (lambda r: r if r.outcome else None)(parse_console(console(real_node, body))), 180,
@@ -232,6 +271,7 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         # The guest budget is right: the workload holds its whole limit inside the VM.
         assert (report.outcome, report.held_mib) == ("reached", limit_mib), (name, report)
         reports[name] = report
+    filled_s = time.monotonic() - started
     for name, (body, _, _) in pods.items():
         pod = real_node.cp.get(real_node.pod_path(body))
         state = pod["status"]["containerStatuses"][0]
@@ -268,6 +308,10 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
         assert limit == (pods[name][2] + pod_fixed) * MIB, (name, limit)
         assert abs(measured["minHeadroomBytes"] - headroom_bytes) <= TOLERANCE_MIB * MIB, (name, measured, headroom_bytes)
         assert measured["minHeadroomBytes"] > 0
+    print(f"largest pods (VMs of {', '.join(str(vm.memory_mib) for _, vm, _ in pods.values())} MiB): every workload "
+          f"held its limit {filled_s:.0f} s after the pods were created, the measurement "
+          f"agreed {time.monotonic() - started - filled_s:.0f} s later; least headroom "
+          f"{', '.join(f'{n} {h / MIB:.0f} MiB' for n, (_, h, _) in found.items())} ({calibrated.accelerator})")
 
 
 def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
@@ -275,10 +319,10 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
     cp = real_node.cp
     sizing = calibrated.sizing()
     s = sizing.class_named("s")
-    host_mib = int(Decimal(calibrated.overhead["hostMemory"].removesuffix("Mi")))
-    # podFixed = the guest budget plus two thirds of the host side the probe measured: the guest
-    # boots, and its workload takes the VMM over the pod cgroup's limit.
-    low = s.guest_budget_mib + host_mib * 2 // 3
+    # podFixed = the guest budget plus two thirds of the host side the probe measured (not the policy's
+    # hostMemory, which holds a shim these pods have not and a margin): the guest boots, and its workload
+    # takes the VMM over the pod cgroup's limit.
+    low = s.guest_budget_mib + calibrated.probe_host_mib * 2 // 3
     # The warning line is a share of what podFixed holds beyond the guest budget (2/3 of the host side):
     # 30% of it leaves the VM paused well short of the kill.
     body = policy_body(overhead=calibrated.overhead, classes=[{
@@ -290,13 +334,12 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
     wait_observed(cp, POLICY, timeout=60, Ready="True")
     limit_mib = s.envelope_memory_mib
     vm = explain_pod(calibrated.sizing(body), "s", s.envelope_cpu, limit_mib * MIB).vm
-    # One MiB at a time, 20 ms apart, until the guest refuses: the guest budget holds room for a Kata
-    # agent this guest has not (a kernel-only guest's rows get the guest userland's default), so the VM
-    # fills only once the workload takes that too. The test sees the pod cross its warning line and
-    # pauses it.
+    # One MiB at a time, 20 ms apart, until the guest refuses: the guest budget holds a margin beyond what
+    # the class's largest pod gets, so the VM fills only once the workload takes that too. The test sees
+    # the pod (QEMU, virtiofsd and the page cache of the share) cross its warning line and pauses QEMU.
     pod_body = vm_pod(real_node, "vm-low", node_namespace, "s", cpu=str(s.envelope_cpu), memory_mib=limit_mib, vm=vm,
                       accelerator=calibrated.accelerator,
-                      command_line=kernel_command_line(0, step_mib=1, step_ms=20, linger=True))
+                      command_line=kernel_command_line(0, step_mib=1, step_ms=20, linger=True), calibrated=calibrated)
     pod = real_node.run_pod(pod_body, timeout=60)
     cgroup = real_node.pod_cgroup(pod)
     limit = int((cgroup / "memory.limit_in_bytes").read_text())
@@ -338,7 +381,7 @@ def test_a_podfixed_below_the_probe_warns_first_then_the_vmm_is_oom_killed(
 def test_dev_shm_at_guidance_size_holds_the_vms_that_fit_and_one_vm_short_the_last_dies_of_sigbus(
         calibrated: Calibrated, tmp_path: Path) -> None:
     from kata_sizing import vm as vmrun
-    from kata_sizing.core.probe import initramfs
+    from kata_sizing.core.kataguest import initramfs
 
     sizing = calibrated.sizing()
     sized = sizing.class_named("l")
@@ -356,9 +399,9 @@ def test_dev_shm_at_guidance_size_holds_the_vms_that_fit_and_one_vm_short_the_la
     fit = guidance["vmsPerClass"]["l"]["fit"]
     vm_mib = guidance["vmsPerClass"]["l"]["largestVmMemory"]
     assert fit == 2 and int(vm_mib.removesuffix("Mi")) == sized.largest_vm.memory_mib
-    paths = VmmPaths(str(QEMU), str(KERNEL), "qemu", "the test")
+    paths = VmmPaths(str(kata_vm.QEMU), str(kata_vm.KERNEL), "qemu", "the test")
     image = tmp_path / "initramfs"
-    image.write_bytes(initramfs(INIT.read_bytes()))
+    image.write_bytes(initramfs(kata_vm.INIT.read_bytes()))
 
     def boot_all(size_mib: int) -> tuple[list[int | None], int]:
         """Boot `fit` VMs one after another on a tmpfs of `size_mib`, each touching all it can and

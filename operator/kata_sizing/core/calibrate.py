@@ -876,17 +876,32 @@ def _parts(samples: Sequence[Sample], wheres: Sequence[str], guest_rows: Sequenc
         unseen = [by_sample[id(r.sample)] for r in readings if part not in r.seen]
         detail = None
         if part is Part.VMM and seen:
-            others = sorted({samples[i].devices for i in seen if samples[i].devices != KATA_DEVICES})
-            if others:
-                detail = (f"devices {', '.join(others)}: not Kata's vsock, rng, virtio-fs and image disk"
-                          + ("; TCG, the translation cache taken off or at most "
-                             f"{defaults.TCG_CACHE_COUNTED_MAX_MIB} MiB counted in"
-                             if any(samples[i].accelerator == "tcg" for i in seen) else ""))
+            said = list(dict.fromkeys(_devices_said(samples[i]) for i in seen if samples[i].devices != KATA_DEVICES))
+            tcg = [samples[i] for i in seen if samples[i].accelerator == "tcg"]
+            if tcg:
+                said.append("TCG, the translation cache " + (
+                    "measured and taken off" if all(s.tcg_cache_resident_bytes is not None for s in tcg) else
+                    f"taken off or at most {defaults.TCG_CACHE_COUNTED_MAX_MIB} MiB counted in"))
+            detail = "; ".join(said) or None
         assumed = ASSUMED_PARTS.get(part) if unseen else None
         parts.append(PartSource(part, joined(seen), assumed_mib=assumed[0] if assumed else None,
                                 assumed_for=joined(unseen) if assumed else None,
                                 source=assumed[1] if assumed else None, detail=detail))
     return tuple(parts)
+
+
+# The devices Kata's QEMU gives every VM (docs/probe.md, "The VM Kata boots"), and the disks its image is on.
+KATA_VM_DEVICES = ("vsock", "rng", "virtio-fs")
+IMAGE_DISKS = frozenset({"nvdimm", "virtio-blk"})
+
+
+def _devices_said(sample: Sample) -> str:
+    """A probe row's devices, and which of Kata's its VM went without."""
+    words = set(sample.devices.split("+"))
+    missing = [d for d in KATA_VM_DEVICES if d not in words]
+    if not words & IMAGE_DISKS and sample.guest in ("kata-image", KERNEL_ONLY):
+        missing.append("image disk" if sample.guest == "kata-image" else "image disk (where Kata boots an image)")
+    return f"devices {sample.devices}" + (f": without Kata's {', '.join(missing)}" if missing else "")
 
 
 def fit_overhead(

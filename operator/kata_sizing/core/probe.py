@@ -21,7 +21,18 @@ from decimal import Decimal
 from pathlib import PurePosixPath
 
 from .bounded import printable
-from .calibrate import Sample
+from .calibrate import DEVICES, Sample
+from .kataguest import (
+    GuestBoot,
+    KataConfigError,
+    KataGuest,
+    device_arguments,
+    guest_params,
+    kata_guest,
+    machine_options,
+    memory_option,
+    qemu_option_value,
+)
 from .model import Runtime
 from .quantity import MIB
 from .sizing import PolicySizing, SandboxRefused, Vm, explain_pod
@@ -115,14 +126,14 @@ def select_points(points: Sequence[ProbePoint], class_names: Sequence[str], *, c
 @dataclass(frozen=True)
 class VmmPaths:
     """What a probe boots: the node's VMM and guest kernel (Kata's `[hypervisor.*] path` and
-    `kernel`), and where they were read from."""
+    `kernel`), the guest and devices its configuration gives the VM (Kata's shipped configuration's
+    without one), and where they were read from."""
 
     vmm: str
     kernel: str
     hypervisor: str
     source: str
-    # The guest image Kata boots (initrd or image): reported only, the probe boots its own init.
-    guest_image: str | None = None
+    kata: KataGuest = field(default_factory=KataGuest)
 
 
 def config_candidates(shim: str, runtime: Runtime, kata_root: str = KATA_ROOT) -> list[str]:
@@ -137,8 +148,9 @@ def config_candidates(shim: str, runtime: Runtime, kata_root: str = KATA_ROOT) -
     )]
 
 
-def vmm_paths(text: str, source: str, hypervisor: str) -> VmmPaths:
-    """The VMM and kernel of `[hypervisor.<hypervisor>]` in a Kata configuration file."""
+def vmm_paths(text: str, source: str, hypervisor: str, runtime: Runtime = Runtime.RUST) -> VmmPaths:
+    """The VMM, kernel, guest and devices of `[hypervisor.<hypervisor>]` in a Kata configuration file
+    (for `runtime`'s shim: the runtimes read some keys apart)."""
     try:
         config = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -159,10 +171,16 @@ def vmm_paths(text: str, source: str, hypervisor: str) -> VmmPaths:
         if problem:
             raise ProbeError(f"{source}: [hypervisor.{hypervisor}] {key}: {problem}")
         found[key] = value
-    guest = next((section[k] for k in ("initrd", "image") if isinstance(section.get(k), str) and section[k]), None)
-    if guest is not None and path_problem(guest):
-        guest = None  # reported only: a path that cannot be printed is not reported
-    return VmmPaths(found["path"], found["kernel"], hypervisor, source, guest)
+    try:
+        kata = kata_guest(section, runtime, f"{source}: [hypervisor.{hypervisor}]")
+    except KataConfigError as exc:
+        raise ProbeError(str(exc)) from None
+    for key, value in (("image", kata.image), ("initrd", kata.initrd), ("virtio_fs_daemon", kata.virtio_fs_daemon),
+                       ("entropy_source", kata.entropy_source)):
+        problem = None if value is None else path_problem(value)
+        if problem:
+            raise ProbeError(f"{source}: [hypervisor.{hypervisor}] {key}: {problem}")
+    return VmmPaths(found["path"], found["kernel"], hypervisor, source, kata)
 
 
 # Linux's PATH_MAX: no path the kernel opens is longer.
@@ -182,14 +200,6 @@ def path_problem(text: str) -> str | None:
     if bad:
         return f"{text[:60]!r} holds the control character {bad.group()!r} (a path with it could forge a line of output)"
     return None
-
-
-def qemu_option_value(text: str) -> str:
-    """`text` as one value of QEMU's option grammar (`-object`, `-chardev`, `-device`, `-drive`:
-    key=value pairs split at commas): a comma doubled is a comma in the value (QEMU's
-    docs/system/invocation: "to use a comma in a value, double it"), so a path such as
-    `shm,share=off` stays a path and never becomes an option of its own."""
-    return text.replace(",", ",,")
 
 
 def vm_paths_problem(hypervisor: str) -> str | None:
@@ -240,7 +250,10 @@ def quoted(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
 @dataclass(frozen=True)
 class GuestReport:
     """What the init said. Sizes in KiB as /proc/meminfo gives them; None: not said. `errors` are
-    the init's own (`KSP error`), `malformed` the report lines that are not what the init writes."""
+    the init's own (`KSP error`), `malformed` the report lines that are not what the init writes,
+    `notes` what it says that is not an error (a module that did not load). Of a Kata guest, the
+    agent's resident memory once settled (`agent_settled`: it stayed the same for a second) and the
+    first line it wrote; of a virtio-fs share, the bytes the workload read through it."""
 
     meminfo: dict[str, int] = field(default_factory=dict)
     held_mib: int | None = None
@@ -248,6 +261,11 @@ class GuestReport:
     errors: tuple[str, ...] = ()
     said_hello: bool = False
     malformed: tuple[str, ...] = ()
+    agent_rss_kib: int | None = None
+    agent_settled: bool | None = None
+    agent_said: str | None = None
+    share_read_bytes: int | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def free_total_mib(self) -> Decimal:
@@ -275,6 +293,9 @@ class ConsoleReader:
         self._hello = False
         self._errors: list[str] = []
         self._malformed: list[str] = []
+        self._notes: list[str] = []
+        self._agent: tuple[int | None, bool | None, str | None] = (None, None, None)
+        self._share_read: int | None = None
 
     def feed(self, data: bytes, console: str = "") -> None:
         partial = self._partial.setdefault(console, bytearray())
@@ -304,7 +325,7 @@ class ConsoleReader:
 
     def report(self) -> GuestReport:
         return GuestReport(dict(self._meminfo), self._held, self._outcome, tuple(self._errors), self._hello,
-                           tuple(self._malformed))
+                           tuple(self._malformed), *self._agent, self._share_read, tuple(self._notes))
 
     def _problem(self, into: list[str], text: str) -> None:
         text = quoted(text)
@@ -343,6 +364,17 @@ class ConsoleReader:
                 self._problem(self._malformed, f"done outcome={outcome[:40]!r} is not an outcome the init reports")
         elif what == "error":
             self._problem(self._errors, " ".join(words[1:]))
+        elif what == "note":
+            self._problem(self._notes, " ".join(words[1:]))
+        elif what == "agent" and "rss_kib" in pairs:
+            settled = {"yes": True, "no": False}.get(pairs.get("settled", ""))
+            if settled is None:
+                self._problem(self._malformed, f"agent settled={pairs.get('settled', '')[:40]!r} is not yes or no")
+            self._agent = (self._figure("agent", "rss_kib", pairs["rss_kib"]), settled, self._agent[2])
+        elif what == "agent-said":
+            self._agent = (*self._agent[:2], quoted(" ".join(words[1:])))
+        elif what == "share" and "read" in pairs:
+            self._share_read = self._figure("share", "read", pairs["read"])
 
 
 def parse_console(text: str) -> GuestReport:
@@ -353,9 +385,10 @@ def parse_console(text: str) -> GuestReport:
     return reader.report()
 
 
-def report_problem(report: GuestReport, vm: Vm | None = None) -> str | None:
+def report_problem(report: GuestReport, vm: Vm | None = None, boot: GuestBoot | None = None) -> str | None:
     """Why a report cannot give a row, or None; with the VM it came from, a figure no guest of that
-    VM can report (MemTotal beyond the VM, a part beyond MemTotal, an allocation beyond the VM) is one."""
+    VM can report (MemTotal beyond the VM, a part beyond MemTotal, an allocation beyond the VM) is one,
+    and with what it booted, a Kata guest that did not say its agent ran or a share it did not read."""
     if not report.said_hello:
         return "the guest never reported (no init output on its consoles)"
     if report.malformed:
@@ -374,6 +407,13 @@ def report_problem(report: GuestReport, vm: Vm | None = None) -> str | None:
         return f"the guest reported {', '.join(beyond)}, more than its MemTotal {total_kib} kB"
     if vm is not None and report.held_mib is not None and report.held_mib > vm.memory_mib:
         return f"the guest reported holding {report.held_mib} MiB, more than its VM's {vm.memory_mib} MiB"
+    if report.agent_rss_kib is not None and report.agent_rss_kib > total_kib:
+        return f"the guest reported its agent holding {report.agent_rss_kib} kB, more than its MemTotal {total_kib} kB"
+    if boot is not None and boot.kata.guest_kind != "kernel-only" and report.agent_rss_kib is None:
+        return "the guest did not report its Kata agent running: its memory would not be in the row's used"
+    if boot is not None and boot.virtio_fs_socket is not None and report.share_read_bytes is None and \
+            report.outcome is not None:
+        return "the guest's workload did not report reading through the virtio-fs share"
     if report.outcome is None:
         return "the guest's workload never finished"
     return None
@@ -381,23 +421,35 @@ def report_problem(report: GuestReport, vm: Vm | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class HostFigures:
-    """The VMM on the host: its peak resident memory (VmHWM) and its cgroup's peak charge, bytes."""
+    """The VM on the host, bytes: the VMM's peak resident memory (VmHWM) and its cgroup's peak charge;
+    under TCG, what of QEMU's translation cache was resident when the cgroup held the most (sampled
+    with it); the virtio-fs daemon's peak resident memory (its processes' largest VmHWM)."""
 
     vmm_peak_resident_bytes: int | None = None
     cgroup_peak_bytes: int | None = None
+    tcg_cache_resident_bytes: int | None = None
+    virtiofsd_peak_resident_bytes: int | None = None
 
 
-# What the probe's VM is (vm_command): the node's kernel with the probe's own init (no Kata agent), QEMU
-# alone in its cgroup, its consoles on the ISA serial port and virtio-serial (calibrate.KIND_COLUMNS).
-GUEST_BOOTED = "kernel-only"
-HOST_PROCESSES_COUNTED = "vmm"
-VM_DEVICES = "serial+virtio-console"
-# QEMU's translation cache under TCG (MiB): in the VMM's host side, absent under KVM.
+# What every probe VM has besides Kata's devices (vm_command): its consoles on the ISA serial port and
+# virtio-serial (calibrate.KIND_COLUMNS).
+CONSOLE_DEVICES = ("serial", "virtio-console")
+# QEMU's translation cache under TCG (MiB): in the VMM's host side, absent under KVM; the probe measures
+# what of it is resident (tcg_cache_resident_bytes) so calibrate can take it off.
 TCG_TB_SIZE_MIB = 64
 
 
+def row_kinds(boot: GuestBoot | None) -> tuple[str, str, str]:
+    """(guest, host_processes, devices) of a row (calibrate.KIND_COLUMNS) for what a VM booted."""
+    found = set(CONSOLE_DEVICES) | set(boot.devices if boot is not None else ())
+    devices = "+".join(d for d in DEVICES if d in found)
+    if boot is None:
+        return "kernel-only", "vmm", devices
+    return boot.kata.guest_kind, "vmm+virtiofsd" if boot.virtio_fs_socket is not None else "vmm", devices
+
+
 def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: str | None,
-              accelerator: str) -> Sample:
+              accelerator: str, boot: GuestBoot | None = None) -> Sample:
     """One survey row: the guest's `free` figures, what its workload got, the VMM's charge, and what
     was measured (the accelerator, TCG's translation cache, the guest, the host processes, the devices).
 
@@ -406,6 +458,8 @@ def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: s
     charged = host.cgroup_peak_bytes
     if charged is not None and charged < point.vm.memory_mib * MIB:
         charged = None
+    guest, host_processes, devices = row_kinds(boot)
+    tcg = accelerator == "tcg"
     return Sample(
         container_limit_mib=Decimal(point.container_limit_mib),
         vm_nominal_mib=Decimal(point.vm.memory_mib),
@@ -417,64 +471,51 @@ def probe_row(point: ProbePoint, report: GuestReport, host: HostFigures, node: s
         node=node,
         class_name=point.class_name,
         accelerator=accelerator,
-        tcg_tb_size_mib=TCG_TB_SIZE_MIB if accelerator == "tcg" else None,
-        guest=GUEST_BOOTED,
-        host_processes=HOST_PROCESSES_COUNTED,
-        devices=VM_DEVICES,
+        tcg_tb_size_mib=TCG_TB_SIZE_MIB if tcg else None,
+        tcg_cache_resident_bytes=host.tcg_cache_resident_bytes if tcg and charged is not None else None,
+        guest=guest,
+        host_processes=host_processes,
+        devices=devices,
     )
 
 
 def describe_row(point: ProbePoint, report: GuestReport, host: HostFigures, accelerator: str) -> str:
     """One line for a person: the VM and what it showed."""
     mib = lambda b: f"{b / MIB:.0f} MiB" if b is not None else "not read"  # noqa: E731
+    agent = "" if report.agent_rss_kib is None else (
+        f"; its agent held {report.agent_rss_kib / 1024:.1f} MiB{'' if report.agent_settled else ' (not settled)'}")
+    shared = "" if report.share_read_bytes is None else \
+        f"; it read {report.share_read_bytes / MIB:.0f} MiB through virtio-fs"
+    cache = "" if host.tcg_cache_resident_bytes is None else \
+        f", of which TCG's translation cache {mib(host.tcg_cache_resident_bytes)}"
+    daemon = "" if host.virtiofsd_peak_resident_bytes is None else \
+        f"; virtiofsd peak resident {mib(host.virtiofsd_peak_resident_bytes)}"
     return (f"class {point.class_name}: VM {point.vm.memory_mib} MiB, {point.vm.vcpus} vCPU ({accelerator}): "
-            f"MemTotal {report.free_total_mib:.1f} MiB, used {report.free_used_mib:.1f} MiB, the workload got "
-            f"{report.held_mib} MiB ({report.outcome}); VMM peak resident {mib(host.vmm_peak_resident_bytes)}, "
-            f"cgroup peak {mib(host.cgroup_peak_bytes)}")
-
-
-# --- the initramfs ---------------------------------------------------------------------------
-
-
-def _cpio_entry(name: str, mode: int, data: bytes, inode: int) -> bytes:
-    encoded = name.encode() + b"\0"
-    fields = (inode, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(encoded), 0)
-    header = b"070701" + b"".join(f"{value:08x}".encode() for value in fields)
-    entry = header + encoded
-    entry += b"\0" * (-len(entry) % 4)
-    return entry + data + b"\0" * (-len(data) % 4)
-
-
-def initramfs(init: bytes) -> bytes:
-    """A newc cpio archive (what the kernel unpacks as its initramfs) holding `init` as /init and
-    the mount points it uses."""
-    if init[:4] != b"\x7fELF":
-        raise ProbeError("the probe's init is not an ELF executable")
-    return b"".join([
-        _cpio_entry("dev", 0o40755, b"", 1),
-        _cpio_entry("proc", 0o40755, b"", 2),
-        _cpio_entry("init", 0o100755, init, 3),
-        _cpio_entry("TRAILER!!!", 0, b"", 0),
-    ])
+            f"MemTotal {report.free_total_mib:.1f} MiB, used {report.free_used_mib:.1f} MiB{agent}, the workload got "
+            f"{report.held_mib} MiB ({report.outcome}){shared}; VMM peak resident {mib(host.vmm_peak_resident_bytes)}"
+            f"{daemon}; cgroup peak {mib(host.cgroup_peak_bytes)}{cache}")
 
 
 def vm_command(paths: VmmPaths, vm: Vm, *, accelerator: str, memory_dir: str, initramfs_path: str,
-               command_line: str, console_path: str | None) -> list[str]:
+               command_line: str, console_path: str | None, boot: GuestBoot | None = None) -> list[str]:
     """QEMU's command line for a VM as Kata's QEMU places its memory: a file-backed, shared
     memory backend in `memory_dir` (Kata's virtio-fs setup, on /dev/shm), one NUMA node. The
     guest's consoles go to `console_path` (ttyS0) and `console_path`.hvc (hvc0, virtio); without
-    one, ttyS0 goes to QEMU's standard output (a container's log). Every path given to QEMU's
-    option grammar is escaped (qemu_option_value)."""
+    one, ttyS0 goes to QEMU's standard output (a container's log). With `boot`, the memory hotplug
+    region, the devices and the kernel parameters Kata's runtime gives it (kataguest). Every path given
+    to QEMU's option grammar is escaped (qemu_option_value)."""
     accel = "kvm" if accelerator == "kvm" else f"tcg,tb-size={TCG_TB_SIZE_MIB}"
     value = qemu_option_value
     return [
-        paths.vmm, "-accel", accel, "-machine", "q35", "-m", f"{vm.memory_mib}M", "-smp", str(vm.vcpus),
+        paths.vmm, "-accel", accel, "-machine", machine_options(boot), "-m", memory_option(vm.memory_mib, boot),
+        "-smp", str(vm.vcpus),
         "-object", f"memory-backend-file,id=mem,size={vm.memory_mib}M,mem-path={value(memory_dir)},share=on",
         "-numa", "node,memdev=mem", "-nodefaults", "-nographic", "-no-reboot",
         *(["-chardev", f"file,id=ksp-ttys0,path={value(console_path)}", "-serial", "chardev:ksp-ttys0",
            "-device", "virtio-serial-pci,id=ksp-serial",
            "-chardev", f"file,id=ksp-hvc,path={value(console_path + HVC_SUFFIX)}",
            "-device", "virtconsole,chardev=ksp-hvc"] if console_path else ["-serial", "stdio"]),
+        *(device_arguments(boot) if boot is not None else []),
         # -kernel, -initrd and -append take their whole argument as it is (no option grammar).
-        "-kernel", paths.kernel, "-initrd", initramfs_path, "-append", command_line,
+        "-kernel", paths.kernel, "-initrd", initramfs_path, "-append", " ".join([*guest_params(boot), command_line]),
     ]

@@ -6,6 +6,7 @@ ended a VM that gave no row. `kata_sizing.vm` reads the files; here their text b
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,9 +15,11 @@ from .probe import ProbePoint, quoted
 from .quantity import MIB
 from .sizing import Vm
 
-# What one VM costs the host beyond its guest memory: QEMU and, under TCG, its translation cache
-# (tb-size=64). The largest seen (docs/probe.md, figures) was 84 MiB; KVM has no translation cache.
-VMM_MARGIN_MIB = 128
+# What one VM costs the host beyond its guest memory and what its workload reads through virtio-fs: QEMU
+# with Kata's devices and, under TCG, its translation cache (tb-size=64), virtiofsd, the page cache of the
+# workload's binary and of Kata's image. The largest seen (docs/probe.md, figures) was 128 MiB under TCG;
+# KVM has no translation cache.
+VMM_MARGIN_MIB = 176
 # The probe's own process (its peak resident memory while a guest floods its console, `make
 # bench` section probe), for the memory limit of a container that runs it.
 PROBE_MEMORY_MIB = 128
@@ -70,6 +73,29 @@ def limit_bytes(text: str) -> int | None:
         return None
     number = int(value)
     return None if number >= NO_LIMIT_BYTES else number
+
+
+_MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ ([-r][-w][-x][ps]) \S+ \S+ \S+ *(.*)", re.ASCII)
+
+
+def tcg_cache_resident_bytes(smaps: str) -> int | None:
+    """What of QEMU's translation cache is resident, from /proc/PID/smaps of a VMM under TCG: its code
+    buffer is the process's anonymous mappings that are writable and executable (QEMU's tcg/region.c
+    allocates it PROT_READ|PROT_WRITE|PROT_EXEC and splits it by guard pages into one mapping per
+    region), or, where QEMU keeps the writable and executable views apart (split-wx), the executable
+    view of its memfd `tcg-jit`. None: no such mapping (not a TCG VMM)."""
+    total, found, counting = 0, False, False
+    for line in smaps.splitlines():
+        mapping = _MAPPING.fullmatch(line)
+        if mapping:
+            perms, name = mapping.groups()
+            counting = (perms == "rwxp" and not name) or (name.startswith("/memfd:tcg-jit") and perms[2] == "x")
+            found = found or counting
+        elif counting and line.startswith("Rss:"):
+            words = line.split()
+            if len(words) == 3 and words[1].isascii() and words[1].isdigit():
+                total += int(words[1]) * 1024
+    return total if found else None
 
 
 @dataclass(frozen=True)
@@ -133,19 +159,20 @@ class HostRoom:
                 f"the probe: {limit.describe() if limit else 'none'}")
 
 
-def vm_need_mib(vm: Vm) -> int:
-    """The host memory one VM needs once its guest has touched all it has: the guest's memory and its VMM."""
-    return vm.memory_mib + VMM_MARGIN_MIB
+def vm_need_mib(vm: Vm, read_mib: int = 0) -> int:
+    """The host memory one VM needs once its guest has touched all it has: the guest's memory, its VMM and
+    virtiofsd, and the page cache of the `read_mib` its workload reads through virtio-fs."""
+    return vm.memory_mib + VMM_MARGIN_MIB + read_mib
 
 
-def fit_problem(point: ProbePoint, room: HostRoom) -> str | None:
+def fit_problem(point: ProbePoint, room: HostRoom, read_mib: int = 0) -> str | None:
     """Why `point`'s VM cannot run on this host now (one line naming the class, the VM and the
     limit), or None. The guest memory file in the memory directory holds the whole VM once the
     guest has touched it; the host's available memory and every cgroup limit over the probe must
-    hold that and the VMM."""
+    hold that and the VMM (vm_need_mib)."""
     vm = point.vm
     what = f"class {point.class_name}: the VM of {vm.memory_mib} MiB ({vm.vcpus} vCPU)"
-    need = vm_need_mib(vm)
+    need = vm_need_mib(vm, read_mib)
     if room.memory_dir_free_bytes is not None and vm.memory_mib * MIB > room.memory_dir_free_bytes:
         return (f"{what} does not fit the memory directory {quoted(room.memory_dir)} (its guest would die of SIGBUS): "
                 f"{room.memory_dir_free_bytes // MIB} MiB free of {(room.memory_dir_size_bytes or 0) // MIB} MiB "
@@ -168,6 +195,7 @@ class ProbePlan:
 
     points: tuple[ProbePoint, ...]
     left_out: tuple[tuple[ProbePoint, str], ...] = ()
+    read_mib: int = 0  # what each workload reads through virtio-fs (--share-read)
 
     @property
     def largest(self) -> Vm:
@@ -177,7 +205,7 @@ class ProbePlan:
     def container_memory_mib(self) -> int:
         """The memory limit a container running this probe needs: its largest VM with the VMM,
         and the probe itself (the VMs run one at a time)."""
-        return vm_need_mib(self.largest) + PROBE_MEMORY_MIB
+        return vm_need_mib(self.largest, self.read_mib) + PROBE_MEMORY_MIB
 
     def seconds(self, accelerator: str) -> float:
         return sum(BOOT_S[accelerator] + p.vm.memory_mib / 1024 * TOUCH_S_PER_GIB[accelerator] for p in self.points)
@@ -196,7 +224,7 @@ class ProbePlan:
         largest = self.largest
         total = sum(p.vm.memory_mib for p in self.points)
         lines.append(f"  guest memory {total} MiB in all, at most {largest.memory_mib} MiB at once "
-                     f"({vm_need_mib(largest)} MiB with its VMM); a container running this probe needs a memory "
+                     f"({vm_need_mib(largest, self.read_mib)} MiB with its VMM); a container running this probe needs a memory "
                      f"limit of at least {self.container_memory_mib} MiB")
         seconds = self.seconds(accelerator)
         took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
@@ -250,22 +278,23 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def failure(point: ProbePoint, memory_dir: str, end: VmEnd, problem: str | None) -> str | None:
+def failure(point: ProbePoint, memory_dir: str, end: VmEnd, problem: str | None, read_mib: int = 0) -> str | None:
     """Why a VM gave no row, named (an OOM kill, SIGBUS, a timeout, the VMM's exit), or None when it
     gave one. `problem` is report_problem's verdict on what the guest said."""
     vm = point.vm
+    need = vm_need_mib(vm, read_mib)
     if end.oom_kills:
         limit = end.limit
         over = (f"the memory limit over it is {limit.describe()}" if limit is not None
                 else "no cgroup limit over it: the host itself ran out")
         return (f"OOM-killed: the kernel killed {end.oom_kills} process(es) of its memory cgroup (oom_kill "
-                f"{end.oom_kills}); the VM of {vm.memory_mib} MiB needs about {vm_need_mib(vm)} MiB with its VMM, "
+                f"{end.oom_kills}); the VM of {vm.memory_mib} MiB needs about {need} MiB with its VMM, "
                 f"{over}")
     number = _signal_of(end.exit_code)
     if end.oom_kills is None and number == SIGKILL and end.limit_hits and end.limit is not None:
         return (f"killed by SIGKILL after the memory limit over it was hit {end.limit_hits} time(s): most likely the "
                 f"OOM killer (this kernel keeps no OOM kill count); the VM of {vm.memory_mib} MiB needs about "
-                f"{vm_need_mib(vm)} MiB with its VMM, the limit is {end.limit.describe()}")
+                f"{need} MiB with its VMM, the limit is {end.limit.describe()}")
     if number == SIGBUS:
         size = "" if end.memory_dir_size_bytes is None else (
             f": a filesystem of {end.memory_dir_size_bytes // MIB} MiB, {(end.memory_dir_free_bytes or 0) // MIB} MiB "
