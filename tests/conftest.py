@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.support.realnode",
     "tests.support.fixtures",
     "tests.support.webhook",
+    "tests.support.tiers",
 ]

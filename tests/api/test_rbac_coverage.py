@@ -1,11 +1,14 @@
-"""The shipped ClusterRole against the requests the operator really makes.
+"""The shipped ClusterRole against the requests the operator really makes, on each API tier.
 
-A broad scenario runs against the emulator (create, update, drift of every kind, a
-conflict, Report and KataDeploy modes, node guidance inputs, deletion), every request in
-the emulator's log is mapped to (apiGroup, resource, verb), and:
+On the emulator, a broad scenario (create, update, drift of every kind, a conflict, Report and
+KataDeploy modes, node guidance inputs, deletion, and the lost races only the emulator can cause on
+purpose), every request in its log mapped to (apiGroup, resource, verb):
 - each one must be granted by manifests/clusterrole.yaml (else: 403 in a real cluster);
 - each application grant must be used by some request (else the role grants more than the
   operator needs), apart from the documented exceptions below.
+
+On the real API server, the whole session's audit log of the operator's identity (this test runs
+after every other real-server test): the real authorizer refused nothing, and every grant was used.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pytest
 from kata_sizing.controller.leader import LeaseOptions
 from kata_sizing.core.podfit import SHARED_NAMES
 from kata_sizing.core.render import MANAGED_BY_LABEL
+from tests.support import realcluster as real
 from tests.support.manifests import (
     APPLICATION_PERMISSIONS,
     FRAMEWORK_PERMISSIONS,
@@ -37,8 +41,6 @@ from tests.support.operator_helpers import (
     wait_observed,
 )
 from tests.support.policies import example, explicit_classes_policy
-
-pytestmark = pytest.mark.emulator
 
 # Application grants the scenario cannot exercise, each with the reason it is still needed.
 NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
@@ -220,6 +222,7 @@ def exercised(cluster) -> dict[Triple, list[str]]:
     return found
 
 
+@pytest.mark.emulator
 def test_every_request_is_granted_and_every_application_grant_is_used(exercised):
     granted = granted_permissions() | _triples(LEADER_ELECTION_PERMISSIONS)
     refused = {t: calls[:3] for t, calls in exercised.items() if t not in granted}
@@ -233,3 +236,73 @@ def test_every_request_is_granted_and_every_application_grant_is_used(exercised)
         - framework_only
     unused = application - set(exercised) - set(NOT_EXERCISED_BUT_NEEDED)
     assert not unused, f"the ClusterRole grants more than the operator uses: {sorted(unused)}"
+
+
+# --- RBAC: the real authorizer against the shipped ClusterRole ------------------------------------
+
+
+@pytest.mark.realserver
+def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_plane, real_operator):
+    """Over the whole session's audit log (this runs after the other real-server tests, and
+    adds a scenario of its own with leader election): the API server refused the operator
+    nothing, and every (group, resource, verb) the ClusterRole grants was used. Some grants
+    serve only rarer paths that other tests take, so run alone this test may find them unused."""
+    from tests.support.manifests import LEADER_ELECTION_PERMISSIONS, granted_permissions
+
+    real_operator.start("--leader-elect")  # as the Deployment runs it: the Role's Lease grants are used too
+    body = real.qemu_rs("rbac")
+    # What an operator before the shared admission policies left for a policy: its parameters
+    # ConfigMap, which the drop-ins ConfigMap holds now. The upgraded operator deletes it.
+    control_plane.create(real.configmaps(real.OPERATOR_NAMESPACE), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "rbac-admission", "labels": {
+        "app.kubernetes.io/managed-by": "kata-sizing", "katasizing.dev/policy": "rbac"}}, "data": {"policy": "rbac"}})
+    real.create_ready(control_plane, body)
+    real.poll(lambda: control_plane.get(real.cm_path("rbac-admission")) is None, 10, "the old parameters ConfigMap deleted")
+    name = sorted(real.runtime_classes(control_plane, "rbac"))[0]
+    right = real.pod_fixed(control_plane, name)
+    for _ in range(2):  # the same edit twice: the second DriftCorrected counts on the first (patch events)
+        control_plane.edit(real.rc_path(name), lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
+        real.poll(lambda: real.pod_fixed(control_plane, name) == right, 10, "the edit put back")
+    control_plane.delete(real.cm_path("rbac-dropins"))
+    real.poll(lambda: control_plane.get(real.cm_path("rbac-dropins")), 10, "drop-ins re-created")
+    # Without its managed-by label a ConfigMap leaves the operator's cache: the create meets 409
+    # and the operator reads it (get configmaps) before it puts the label back.
+    control_plane.edit(real.cm_path("rbac-node-guidance"),
+                       lambda o: o["metadata"]["labels"].pop("app.kubernetes.io/managed-by"))
+    real.poll(lambda: "app.kubernetes.io/managed-by" in
+              control_plane.get(real.cm_path("rbac-node-guidance"))["metadata"]["labels"],
+              10, "the managed-by label put back")
+    body["spec"]["classes"].pop()
+    control_plane.apply(body)
+    real.wait_observed(control_plane, "rbac", Ready="True")
+    # Admission switched off: the policy's bindings go (delete).
+    body["spec"]["admission"] = {"enabled": False}
+    control_plane.apply(body)
+    real.poll(lambda: not control_plane.items("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+                                         "katasizing.dev/policy=rbac"), 10, "the bindings deleted")
+    control_plane.kubectl("delete", "ksp", "rbac", "--timeout=30s")
+    # The leader renews its Lease (an update) every 2 s; run alone, the scenario can end first.
+    real.poll(lambda: any(r.permission == ("coordination.k8s.io", "leases", "update")
+                     for r in control_plane.operator_requests()), 15, "the leader renewed its Lease")
+
+    requests = control_plane.operator_requests()
+    refused = [r for r in requests if r.code == 403]
+    assert not refused, refused
+    used = {r.permission for r in requests if r.resource}
+    granted = granted_permissions() | {
+        (group, resource, verb) for (group, resource), verbs in LEADER_ELECTION_PERMISSIONS.items() for verb in verbs}
+    assert used <= granted, f"used but not granted (impossible without a 403): {used - granted}"
+    # A write that loses a race (409) reads the object again; a real server gives no way to
+    # lose one on purpose, so tests/api/test_rbac_coverage.py injects those 409s on the emulator.
+    after_a_lost_race = {("node.k8s.io", "runtimeclasses", "get"), ("katasizing.dev", "katasizingpolicies", "get")} | {
+        ("admissionregistration.k8s.io", plural, "get") for plural in (
+            "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+            "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")}
+    # The kubelets, not the API server, check this one (their SubjectAccessReviews are the
+    # kubelet's requests): tests/node/test_node_measurement.py shows a kubelet granting and refusing it.
+    kubelet_authorized = {("", "nodes/stats", "get")}
+    # The routing webhook reads a namespace its cache has not seen yet (created a moment before its
+    # first pod): tests/api/test_webhook_routing.py makes that happen.
+    cache_miss = {("", "namespaces", "get")}
+    unused = granted - used - after_a_lost_race - kubelet_authorized - cache_miss
+    assert unused == set(), f"granted but never used by the operator: {sorted(unused)}"

@@ -170,8 +170,15 @@ class ResourceObjects:
     def names(self, namespace: str | None = None) -> list[str]:
         return [obj['metadata']['name'] for obj in self.list(namespace)]
 
-    def create(self, obj: Mapping[str, Any], namespace: str | None = None) -> JsonObject:
-        return self._store.create(self.resource, namespace, obj, enforce=False)
+    def create(self, obj: Mapping[str, Any], namespace: str | None = None, *, enforce: bool = False) -> JsonObject:
+        """With ``enforce``, as a client's POST: status dropped where it is a subresource, validation run."""
+        return self._store.create(self.resource, namespace, obj, enforce=enforce)
+
+    def replace(self, obj: Mapping[str, Any], namespace: str | None = None) -> JsonObject:
+        """As a client's PUT: a stale metadata.resourceVersion is a 409, validation runs (a
+        RuntimeClass's handler is immutable), status stays apart where it is a subresource."""
+        meta = obj.get('metadata', {})
+        return self._store.replace(self.resource, namespace or meta.get('namespace'), meta['name'], obj)
 
     def put(self, obj: Mapping[str, Any], namespace: str | None = None) -> JsonObject:
         """Create, or replace unconditionally (ignoring the body's resourceVersion)."""
