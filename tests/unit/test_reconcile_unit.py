@@ -381,6 +381,18 @@ def test_corrected_puts_back_our_fields_and_keeps_everyone_elses():
     assert body["metadata"]["resourceVersion"] == "9"  # so a concurrent edit is a 409, not lost
 
 
+def test_corrected_replaces_the_owner_reference_of_an_earlier_policy_of_the_same_name():
+    """A policy deleted and made again before the garbage collector reached its objects: the
+    objects are the new policy's, its reference replaces the old one (the API server refuses an
+    object with two controllers, seen on the real server) and somebody else's stays."""
+    earlier = {**_rc()["metadata"]["ownerReferences"][0], "uid": "an-earlier-uid"}
+    live = _rc(metadata__ownerReferences=[earlier, {"uid": "other", "kind": "Thing", "name": "x"}])
+    assert compare.differences(_rc(), live) == ["metadata.ownerReferences"]
+    body = compare.corrected(_rc(), live)
+    assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == ["other", UID]
+    assert [o.get("controller") for o in body["metadata"]["ownerReferences"]].count(True) == 1
+
+
 # --- the install's shared admission objects ------------------------------------------------------
 
 SHARED_VAP = ("ValidatingAdmissionPolicy", None, podfit.SHARED_NAMES["memory"])
