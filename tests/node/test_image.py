@@ -24,7 +24,7 @@ import yaml
 
 from tests.support import image as img
 from tests.support.operator_helpers import wait_for
-from tests.support.paths import ROOT
+from tests.support.paths import GOLDEN, ROOT
 from tests.support.realcluster import (
     RUNTIME_CLASSES,
     ControlPlane,
@@ -35,7 +35,6 @@ from tests.support.realcluster import (
 
 pytestmark = pytest.mark.image
 
-GOLDEN = ROOT / "tests" / "golden"
 EXAMPLES = ROOT / "examples"
 UID = 65532
 
@@ -223,7 +222,6 @@ for module in pkgutil.walk_packages(kata_sizing.__path__, "kata_sizing."):
     if "compiled_templates." not in module.name:
         importlib.import_module(module.name)
 from kata_sizing import cli
-from tests.support.paths import ROOT
 cli.main(["render", "/policies/qemu-runtime-rs.yaml"])  # and whatever a render imports
 
 def stale(source):

@@ -36,7 +36,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -292,36 +292,35 @@ class ControlPlane:
                 if e.verb in WRITE_VERBS and (resource is None or e.resource == resource)]
 
 
-class RealOperator:
-    """`kata-sizing operator` as a subprocess with the operator ServiceAccount's identity."""
+class OperatorProcess:
+    """`kata-sizing operator` as a subprocess, with the kubeconfig given (the emulator's, or the
+    operator ServiceAccount's on the real control plane: `RealOperator`)."""
 
-    def __init__(self, control_plane: ControlPlane, workdir: Path) -> None:
-        self.cp = control_plane
+    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
+        self.kubeconfig = kubeconfig
         self.workdir = workdir
         self.process: subprocess.Popen | None = None
         self.log_path = workdir / "operator.log"
-        self.started_at_offset = 0
-        self._log_handle = None
+        self._log_handle: IO[bytes] | None = None
 
-    def start(self, *args: str, resync_s: float = 300, guidance_s: float = 1, **env: str) -> RealOperator:
+    def start(self, *args: str, resync_s: float = 300, guidance_s: float = 1, **env: str) -> OperatorProcess:
         assert self.process is None, "the operator is already running"
         health = free_port()
         full_env = {
-            **os.environ, "KUBECONFIG": str(self.cp.operator_kubeconfig),
+            **os.environ, "KUBECONFIG": str(self.kubeconfig),
             "KATA_SIZING_RESYNC_SECONDS": str(resync_s), "KATA_SIZING_GUIDANCE_SECONDS": str(guidance_s),
             "PYTHONUNBUFFERED": "1", **env,
         }
-        self.started_at_offset = self.cp.audit_offset()
         self._log_handle = self.log_path.open("ab")
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             [sys.executable, "-m", "kata_sizing.cli", "operator", "--standalone",
              "--liveness", f"http://127.0.0.1:{health}/healthz", *args],
             env=full_env, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
 
         def healthy() -> bool:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the operator exited ({self.process.returncode}):\n{self.log()[-3000:]}")
+            if process.poll() is not None:
+                raise AssertionError(f"the operator exited ({process.returncode}):\n{self.log()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as resp:
                     return resp.status == 200
@@ -331,12 +330,20 @@ class RealOperator:
         return self
 
     def stop(self) -> int | None:
+        """SIGTERM (SIGKILL after 20 s); the exit code, None if it was not running."""
         process, self.process = self.process, None
         if process is None:
             return None
         terminate(process)
-        self._log_handle.close()
+        if self._log_handle is not None:
+            self._log_handle.close()
         return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a node that dies takes its pod: no cleanup, the Lease is not released."""
+        assert self.process is not None, "the operator is not running"
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
 
     @property
     def running(self) -> bool:
@@ -347,6 +354,21 @@ class RealOperator:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+class RealOperator(OperatorProcess):
+    """`kata-sizing operator` with the operator ServiceAccount's identity on the real control
+    plane: the real authorizer enforces its ClusterRole, the audit log records what it did."""
+
+    def __init__(self, control_plane: ControlPlane, workdir: Path) -> None:
+        super().__init__(control_plane.operator_kubeconfig, workdir)
+        self.cp = control_plane
+        self.started_at_offset = 0
+
+    def start(self, *args: str, resync_s: float = 300, guidance_s: float = 1, **env: str) -> RealOperator:
+        self.started_at_offset = self.cp.audit_offset()
+        super().start(*args, resync_s=resync_s, guidance_s=guidance_s, **env)
+        return self
 
     def forbidden(self, since: int = 0) -> list[AuditEvent]:
         return [e for e in self.cp.operator_requests(since) if e.code == 403]

@@ -55,7 +55,7 @@ from tests.support.harness import KubernetesApiEmulator, running_emulator
 from tests.support.metrics import get, samples
 from tests.support.operator_helpers import OperatorCluster, wait_for
 from tests.support.realcluster import ApiError as RealApiError
-from tests.support.realcluster import ControlPlane, RealOperator, free_port
+from tests.support.realcluster import ControlPlane, OperatorProcess, RealOperator, free_port
 
 EMULATOR, REALSERVER = "emulator", "realserver"
 TIERS = (EMULATOR, REALSERVER)
@@ -136,6 +136,21 @@ class OperatorOptions:
     webhook: tuple[int, Path, Path] | None = None  # (port, certificate, key) on 127.0.0.1
 
 
+def operator_command(opts: OperatorOptions) -> tuple[list[str], dict[str, str]]:
+    """`kata-sizing operator`'s arguments and environment for the options: its JSON log, and
+    /metrics (on a port of its own unless one is given)."""
+    args = ["--log-format", "json", "--metrics-port", str(opts.metrics_port or free_port()),
+            "--metrics-addr", "127.0.0.1"]
+    if opts.lease is not None:
+        args += ["--leader-elect", "--lease-duration", str(opts.lease.duration_s),
+                 "--renew-deadline", str(opts.lease.renew_deadline_s), "--retry-period", str(opts.lease.retry_period_s)]
+    if opts.webhook is not None:
+        port, cert, key = opts.webhook
+        args += ["--webhook-port", str(port), "--webhook-addr", "127.0.0.1",
+                 "--webhook-cert", str(cert), "--webhook-key", str(key)]
+    return args, {"POD_NAME": opts.identity}
+
+
 WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 ACCESS_LINE = re.compile(r"^[0-9a-f.:]+ \[")  # aiohttp's access log: the client's address, then the time
 
@@ -144,6 +159,9 @@ class Kube(ABC):
     """One API tier (see the module docstring)."""
 
     tier: str
+    _test_start: int
+    workdir: Path  # the test's tmp_path: the replicas' logs
+    _replicas: list[OperatorProcess]
     # How long a change may take to show: the real server's watches and the operator's own
     # start-up are slower than the emulator in this process.
     timeout_s: float
@@ -241,14 +259,42 @@ class Kube(ABC):
     @abstractmethod
     def stop(self) -> None: ...
 
+    def replica(self, identity: str, **options: Any) -> OperatorProcess:
+        """Another replica, `kata-sizing operator` as a subprocess (`OperatorOptions`' fields as
+        keywords; leader-elected with short timings unless `lease` says otherwise): started,
+        stopped with the test. Its requests carry `kata-sizing/<identity>_<suffix>` as their
+        User-Agent."""
+        opts = OperatorOptions(**{"lease": LeaseTimings(), **options, "identity": identity})
+        args, env = operator_command(opts)
+        guidance = {} if opts.guidance_s is None else {"guidance_s": opts.guidance_s}
+        process = self._process(self.workdir / identity)
+        self._replicas.append(process)
+        process.start(*args, resync_s=opts.resync_s, **guidance, **env)
+        return process
+
+    @abstractmethod
+    def _process(self, workdir: Path) -> OperatorProcess: ...
+
+    def stop_replicas(self) -> None:
+        for process in self._replicas:
+            process.stop()
+
     # --- what the operator did ---------------------------------------------------------------
 
     @abstractmethod
     def mark(self) -> int:
-        """A point in the record of the operator's requests; `writes(since=mark)` reads on from it."""
+        """A point in the record of the operator's requests; `writes(since=mark)` reads on from it
+        (by default from the test's start: the real server's audit log holds the whole session's)."""
+
+    def _since(self, since: int | None) -> int:
+        return self._test_start if since is None else since
 
     @abstractmethod
-    def writes(self, since: int = 0, kind: Kind | None = None, name: str | None = None) -> list[Write]: ...
+    def writes(self, since: int | None = None, kind: Kind | None = None, name: str | None = None) -> list[Write]: ...
+
+    @abstractmethod
+    def user_agents(self, since: int | None = None) -> list[str]:
+        """The User-Agent of every request the operator's replicas made (reads too), in order."""
 
     @abstractmethod
     def settle(self, quiet_s: float | None = None) -> None:
@@ -305,7 +351,9 @@ class EmulatorKube(Kube):
     timeout_s = 5.0
 
     def __init__(self, cluster: OperatorCluster, monkeypatch: pytest.MonkeyPatch,
-                 caplog: pytest.LogCaptureFixture) -> None:
+                 caplog: pytest.LogCaptureFixture, workdir: Path) -> None:
+        self.workdir = workdir
+        self._replicas: list[OperatorProcess] = []
         self.cluster = cluster
         self.emu = cluster.emu
         self._monkeypatch = monkeypatch
@@ -314,6 +362,7 @@ class EmulatorKube(Kube):
         caplog.set_level(logging.DEBUG, logger="kata_sizing")
         self.caplog = caplog
         self._passes_before: dict[str, float] = {}
+        self._test_start = self.mark()
 
     def _objects(self, kind: Kind) -> Any:
         assert self.emu is not None
@@ -383,14 +432,19 @@ class EmulatorKube(Kube):
     def stop(self) -> None:
         self.cluster.stop()
 
+    def _process(self, workdir: Path) -> OperatorProcess:
+        assert self.emu is not None and self.emu.kubeconfig is not None
+        workdir.mkdir()
+        return OperatorProcess(self.emu.kubeconfig, workdir)
+
     def mark(self) -> int:
         assert self.emu is not None
         return len(self.emu.request_log)
 
-    def writes(self, since: int = 0, kind: Kind | None = None, name: str | None = None) -> list[Write]:
+    def writes(self, since: int | None = None, kind: Kind | None = None, name: str | None = None) -> list[Write]:
         assert self.emu is not None
         found = []
-        for record in self.emu.request_log[since:]:
+        for record in self.emu.request_log[self._since(since):]:
             if not record.is_write:
                 continue
             parts = [p for p in record.path.split("/") if p]
@@ -404,6 +458,10 @@ class EmulatorKube(Kube):
                                record.user_agent))
         return [w for w in found if (kind is None or w.resource.split("/")[0] == kind.plural)
                 and (name is None or w.name == name)]
+
+    def user_agents(self, since: int | None = None) -> list[str]:
+        assert self.emu is not None
+        return [r.user_agent for r in self.emu.request_log[self._since(since):]]
 
     def settle(self, quiet_s: float | None = None) -> None:
         assert self.emu is not None
@@ -440,11 +498,14 @@ class RealKube(Kube):
     tier = REALSERVER
     timeout_s = 20.0
 
-    def __init__(self, cp: ControlPlane, operator: RealOperator) -> None:
+    def __init__(self, cp: ControlPlane, operator: RealOperator, workdir: Path) -> None:
+        self.workdir = workdir
+        self._replicas: list[OperatorProcess] = []
         self.cp = cp
         self.operator = operator
         self.metrics_port = 0
         self._created: list[tuple[Kind, str, str | None]] = []
+        self._test_start = self.mark()
         # Events of this test only: the session's control plane keeps every earlier test's.
         self._events_from = int(cp.request("GET", "/api/v1/events?limit=1")["metadata"]["resourceVersion"])
 
@@ -492,34 +553,32 @@ class RealKube(Kube):
 
     def start(self, **options: Any) -> None:
         opts = OperatorOptions(**options)
-        # /metrics on a port of its own (`passes`), the JSON log (`reconciles`, `log_lines`).
-        self.metrics_port = opts.metrics_port or free_port()
-        args: list[str] = ["--log-format", "json", "--metrics-port", str(self.metrics_port), "--metrics-addr",
-                           "127.0.0.1"]
-        env = {"POD_NAME": opts.identity}
-        if opts.lease is not None:
-            args += ["--leader-elect", "--lease-duration", str(opts.lease.duration_s),
-                     "--renew-deadline", str(opts.lease.renew_deadline_s),
-                     "--retry-period", str(opts.lease.retry_period_s)]
-        if opts.webhook is not None:
-            port, cert, key = opts.webhook
-            args += ["--webhook-port", str(port), "--webhook-addr", "127.0.0.1",
-                     "--webhook-cert", str(cert), "--webhook-key", str(key)]
+        args, env = operator_command(opts)
+        self.metrics_port = int(args[args.index("--metrics-port") + 1])  # `passes` reads it
         guidance = {} if opts.guidance_s is None else {"guidance_s": opts.guidance_s}
         self.operator.start(*args, resync_s=opts.resync_s, **guidance, **env)
 
     def stop(self) -> None:
         self.operator.stop()
 
+    def _process(self, workdir: Path) -> OperatorProcess:
+        assert self.cp is not None
+        workdir.mkdir()
+        return RealOperator(self.cp, workdir)
+
     def mark(self) -> int:
         assert self.cp is not None
         return self.cp.audit_offset()
 
-    def writes(self, since: int = 0, kind: Kind | None = None, name: str | None = None) -> list[Write]:
+    def writes(self, since: int | None = None, kind: Kind | None = None, name: str | None = None) -> list[Write]:
         assert self.cp is not None
         return [Write(e.verb, e.resource, e.name, e.namespace, e.code, e.user_agent)
-                for e in self.cp.operator_writes(since)
+                for e in self.cp.operator_writes(self._since(since))
                 if (kind is None or e.resource.split("/")[0] == kind.plural) and (name is None or e.name == name)]
+
+    def user_agents(self, since: int | None = None) -> list[str]:
+        assert self.cp is not None
+        return [e.user_agent for e in self.cp.operator_requests(self._since(since))]
 
     def settle(self, quiet_s: float | None = None) -> None:
         assert self.cp is not None
@@ -601,19 +660,22 @@ def kube(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
         marker = request.node.get_closest_marker("emulator_options")
         options = marker.kwargs if marker else {}
         with running_emulator(tmp_path, **options) as emu:
-            tier = EmulatorKube(OperatorCluster(emu, monkeypatch), monkeypatch, request.getfixturevalue("caplog"))
+            tier = EmulatorKube(OperatorCluster(emu, monkeypatch), monkeypatch, request.getfixturevalue("caplog"),
+                                tmp_path)
             try:
                 yield tier
             finally:
+                tier.stop_replicas()
                 tier.stop()  # before the emulator goes away; re-raises an operator crash
         assert not emu.server_errors, f"the emulator itself failed: {emu.server_errors!r}"
     else:
         # The real_operator fixture's teardown deletes the test's policies, stops the operator,
         # removes what is left and fails on any 403 the operator met.
         operator: RealOperator = request.getfixturevalue("real_operator")
-        tier = RealKube(request.getfixturevalue("control_plane"), operator)
+        tier = RealKube(request.getfixturevalue("control_plane"), operator, tmp_path)
         try:
             yield tier
         finally:
+            tier.stop_replicas()
             tier.remove_created()
 

@@ -76,11 +76,16 @@ def write_self_signed_cert(directory: Path) -> tuple[Path, Path]:
 class Webhook:
     """Posts AdmissionReviews the way the API server does, trusting only the test's certificate."""
 
-    def __init__(self, emu: KubernetesApiEmulator, port: int, cafile: Path) -> None:
-        self.emu = emu
+    def __init__(self, emu: KubernetesApiEmulator | None, port: int, cafile: Path) -> None:
+        self._emu = emu  # the operator's API server where it is the emulator
         self.port = port
         self.url = f"https://127.0.0.1:{port}/{VALIDATE_HANDLER_ID}"
         self.context = ssl.create_default_context(cafile=str(cafile))
+
+    @property
+    def emu(self) -> KubernetesApiEmulator:
+        assert self._emu is not None, "the operator's API server is not the emulator"
+        return self._emu
 
     def review(self, operation: str, obj: dict, old: dict | None = None) -> dict:
         uid = str(uuid.uuid4())

@@ -1,4 +1,4 @@
-"""`kata-sizing render` of every example, byte for byte against tests/unit/golden/.
+"""`kata-sizing render` of every example, byte for byte against tests/golden/.
 
 A change in rendered output must be a reviewed change: regenerate with
 `KATA_SIZING_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py` and read the diff in git.
@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from kata_sizing.cli import main
-from tests.support.paths import ROOT
+from tests.support.paths import GOLDEN, ROOT
 
-GOLDEN = Path(__file__).parent / "golden"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 UPDATE = os.environ.get("KATA_SIZING_UPDATE_GOLDEN") == "1"
 REGENERATE = "KATA_SIZING_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py"
@@ -56,13 +55,13 @@ def test_render_matches_golden(example):
     if rendered != expected:
         diff = "".join(difflib.unified_diff(
             expected.splitlines(keepends=True), rendered.splitlines(keepends=True),
-            fromfile=f"tests/unit/golden/{example.name}", tofile=f"render examples/{example.name}", n=2,
+            fromfile=f"tests/golden/{example.name}", tofile=f"render examples/{example.name}", n=2,
         ))
         lines = diff.splitlines(keepends=True)
         shown = "".join(lines[:80]) + (f"... ({len(lines) - 80} more diff lines)\n" if len(lines) > 80 else "")
         pytest.fail(
             f"`kata-sizing render examples/{example.name} --node-capacity 256Gi --node-cpu 64` differs from "
-            f"tests/unit/golden/{example.name}. If the change is intended, regenerate with {REGENERATE} "
+            f"tests/golden/{example.name}. If the change is intended, regenerate with {REGENERATE} "
             f"and review the diff.\n{shown}",
             pytrace=False,
         )
