@@ -397,7 +397,7 @@ class EmulatorKube(Kube):
     def start(self, **options: Any) -> None:
         import kopf
 
-        from kata_sizing.controller import handlers, leader, worker
+        from kata_sizing.controller import handlers, leader, metrics, worker
         from kata_sizing.controller.operator_main import (
             MetricsOptions,
             WebhookOptions,
@@ -409,6 +409,8 @@ class EmulatorKube(Kube):
         opts = OperatorOptions(**options)
         assert self.cluster.operator is None, "the operator is already running"
         self._passes_before = {t: _reconciles_total(t) for t in PASS_TRIGGERS}
+        # The policy gauges are this process's too: an operator starts with none, as a new process does.
+        metrics.STATE.conditions.clear()
         self._monkeypatch.setattr(worker, "RESYNC_INTERVAL_S", opts.resync_s)
         if opts.guidance_s is not None:
             self._monkeypatch.setattr(worker, "GUIDANCE_INTERVAL_S", opts.guidance_s)

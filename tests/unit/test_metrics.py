@@ -1,6 +1,7 @@
 """The operator's /metrics, /readyz and its reconcile log line, as Prometheus and a log
-pipeline see them: scraped over HTTP from the real operator running against the emulator,
-and parsed with Prometheus' own text parser."""
+pipeline see them, in process: each counter and gauge, the reconcile line's fields, parsed with
+Prometheus' own text parser. The running operator scraped over HTTP on both API tiers is
+tests/api/test_observability.py's."""
 
 from __future__ import annotations
 
@@ -14,10 +15,8 @@ import pytest
 from kata_sizing.cli import build_parser
 from kata_sizing.controller import handlers, metrics
 from kata_sizing.controller.kube import ApiException, _translate
-from kata_sizing.controller.operator_main import MetricsOptions, configure_logging, install_metrics
-from tests.support.metrics import get, samples, value
-from tests.support.operator_helpers import RUNTIME_CLASSES, edit, settle, status, wait_for, wait_observed
-from tests.support.policies import example
+from kata_sizing.controller.operator_main import configure_logging
+from tests.support.metrics import get, value
 from tests.support.realcluster import free_port
 
 
@@ -149,59 +148,6 @@ def test_the_operator_command_takes_metrics_and_log_format_options():
     assert (args.metrics_port, args.metrics_addr, args.log_format) == (8081, "0.0.0.0", "json")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "--log-format", "xml"])
-
-
-# --- the real operator, scraped over HTTP --------------------------------------------------
-
-
-@pytest.mark.emulator
-def test_the_running_operator_serves_metrics_and_readiness(cluster):
-    from tests.support.harness import KopfThread
-
-    port = free_port()
-    registry = handlers.build_registry()
-    install_metrics(registry, MetricsOptions(port=port, addr="127.0.0.1"))
-    cluster.operator = KopfThread(cluster.emu.kubeconfig, registry=registry)
-    cluster.operator.start()
-    base = f"http://127.0.0.1:{port}"
-    metrics.STATE.conditions.clear()  # the gauge is process-wide; earlier tests left policies in it
-    wait_for(lambda: get(f"{base}/readyz")[0] == 200, 10, "readyz never answered 200")
-    before = get(f"{base}/metrics")[1]
-
-    body = example()
-    name = body["metadata"]["name"]
-    cluster.create(body)
-    wait_observed(cluster.emu, name, Ready="True")
-    settle(cluster.emu)
-    text = get(f"{base}/metrics")[1]
-    assert value(text, "kata_sizing_reconciles_total", trigger="apply", result="ok") >= \
-        value(before, "kata_sizing_reconciles_total", trigger="apply", result="ok") + 1
-    assert value(text, "kata_sizing_reconcile_writes_total", trigger="apply") >= \
-        value(before, "kata_sizing_reconcile_writes_total", trigger="apply") + 7  # 4 RuntimeClasses, 3 ConfigMaps
-    assert value(text, "kata_sizing_policies", condition="Ready", status="True") == 1
-    assert value(text, "kata_sizing_policies", condition="Valid", status="True") == 1
-    for collection in ("nodes", "pods", "runtimeclasses"):
-        assert ("kata_sizing_informer_objects", (("collection", collection),)) in samples(text)
-    assert value(text, "kata_sizing_informer_objects", collection="runtimeclasses") >= 4
-
-    # A hand edit of a RuntimeClass: detected and corrected, per kind.
-    rc_name = f"kata-{name}-s"
-    edit(cluster.emu, RUNTIME_CLASSES, rc_name,
-         lambda obj: obj["overhead"]["podFixed"].update(memory="1Mi"))
-    wait_for(lambda: int(status(cluster.emu, name).get("driftCorrections") or 0) == 1, 5)
-    text = get(f"{base}/metrics")[1]
-    for metric in ("kata_sizing_drift_detected_total", "kata_sizing_drift_corrected_total"):
-        assert value(text, metric, kind="RuntimeClass") == value(before, metric, kind="RuntimeClass") + 1
-
-    # An invalid policy is counted under Valid=False.
-    broken = example()
-    broken["metadata"]["name"] = "broken"
-    broken["spec"]["overhead"] = {"guestMemoryRatio": "0.95"}
-    cluster.create(broken)
-    wait_observed(cluster.emu, "broken", Valid="False")
-    text = get(f"{base}/metrics")[1]
-    assert value(text, "kata_sizing_policies", condition="Valid", status="False") == 1
-    assert value(text, "kata_sizing_reconciles_total", trigger="apply", result="invalid") >= 1
 
 
 def test_readyz_is_503_until_ready_then_200():
