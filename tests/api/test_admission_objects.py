@@ -14,7 +14,6 @@ tests/api/test_real_admission.py's.
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import subprocess
@@ -36,7 +35,7 @@ from tests.support.policies import explicit_classes_policy
 from tests.support.realcluster import ControlPlane, free_port
 from tests.support.routing import SCOPE_NAMESPACES, SCOPES, routed_by_the_bindings, scope_pods, scope_policy
 from tests.support.tiers import CONFIG_MAPS, MAP, MAPB, PODS, POLICIES, RUNTIME_CLASSES, VAP, VAPB, Kind, Kube
-from tests.support.webhook import write_self_signed_cert
+from tests.support.webhook import registered_as_the_overlay, write_self_signed_cert
 
 KINDS: dict[str, Kind] = {"ValidatingAdmissionPolicy": VAP, "ValidatingAdmissionPolicyBinding": VAPB,
                           "MutatingAdmissionPolicy": MAP, "MutatingAdmissionPolicyBinding": MAPB}
@@ -567,14 +566,7 @@ def test_the_webhook_and_the_mutating_admission_policy_route_the_same_pods_for_e
     cert, key = write_self_signed_cert(tmp_path)
     port = free_port()
     kube.start(webhook=(port, cert, key))
-    # As overlays/webhook/ registers it, with a URL instead of the Service (no pod network here)
-    # and the caBundle set by the test (cert-manager's job in production).
-    shipped = yaml.safe_load((ROOT / "overlays/webhook/mutatingwebhookconfiguration.yaml").read_text())
-    config = copy.deepcopy(shipped)
-    config["metadata"] = {"name": "kata-sizing-routing-test"}
-    for hook in config["webhooks"]:
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{hook['clientConfig']['service']['path']}",
-                                "caBundle": base64.b64encode(cert.read_bytes()).decode()}
+    config = registered_as_the_overlay("mutatingwebhookconfiguration.yaml", "kata-sizing-routing-test", port, cert)
     namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
                   for name, labels in SCOPE_NAMESPACES.items()]
     try:

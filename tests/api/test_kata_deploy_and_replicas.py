@@ -383,29 +383,23 @@ def test_the_lease_moved_a_b_a_around_a_chart_runtime_class_deleted_and_recreate
         kube.wait_observed("moving", timeout=5, Ready="True", InSync="True")
         check(leader, follower, "True")
 
+    def hand_over_while_missing(to: str, other: str) -> None:
+        """The Lease moved while the RuntimeClass is missing; the chart makes it again once `to` leads."""
+        kube.delete(RUNTIME_CLASSES, name)
+        kube.wait_observed("moving", timeout=5, Ready="False")
+        _move_lease(kube, identity[to])
+        check(to, other, "False")
+        recreate()
+        kube.wait_observed("moving", timeout=5, Ready="True")
+        check(to, other, "True")
+        delete_and_recreate(to, other)
+
     check("a", "b", "True")
     delete_and_recreate("a", "b")
-
-    # A -> B while the RuntimeClass is missing; the chart makes it again once B leads.
-    kube.delete(RUNTIME_CLASSES, name)
-    kube.wait_observed("moving", timeout=5, Ready="False")
-    _move_lease(kube, identity["b"])
-    check("b", "a", "False")
-    recreate()
-    kube.wait_observed("moving", timeout=5, Ready="True")
-    check("b", "a", "True")
-    delete_and_recreate("b", "a")
-
+    hand_over_while_missing("b", "a")
     # B -> A: A has led before (kopf will not resume the policy again); its first pass as the
-    # new leader says where things stand at once. While it is missing, then made again.
-    kube.delete(RUNTIME_CLASSES, name)
-    kube.wait_observed("moving", timeout=5, Ready="False")
-    _move_lease(kube, identity["a"])
-    check("a", "b", "False")
-    recreate()
-    kube.wait_observed("moving", timeout=5, Ready="True")
-    check("a", "b", "True")
-    delete_and_recreate("a", "b")
+    # new leader says where things stand at once.
+    hand_over_while_missing("a", "b")
     assert a.running and b.running
     assert not kube.writes(mark, RUNTIME_CLASSES), "an operator wrote the chart's RuntimeClass"
     code = b.stop()

@@ -8,7 +8,6 @@ calls a registered admission webhook."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import time
 
@@ -20,7 +19,6 @@ from kata_sizing.core import podfit
 from kata_sizing.core.model import parse_policy
 from kata_sizing.core.render import CLASS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, render_policy
 from kata_sizing.core.sizing import size_policy
-from tests.support.paths import ROOT
 from tests.support.policies import example, explicit_classes_policy
 from tests.support.realcluster import free_port
 from tests.support.tiers import (
@@ -32,7 +30,7 @@ from tests.support.tiers import (
     ApiError,
     Kube,
 )
-from tests.support.webhook import invalid_body, write_self_signed_cert
+from tests.support.webhook import invalid_body, registered_as_the_overlay, write_self_signed_cert
 
 NAME = "qemu-rs"
 CLASSES = ("s", "m", "l", "xl")
@@ -625,15 +623,7 @@ def test_the_api_server_refuses_a_policy_that_breaks_a_sizing_rule_through_the_w
     cert, key = write_self_signed_cert(tmp_path)
     port = free_port()
     kube.start(webhook=(port, cert, key))
-    # As overlays/webhook/ registers it, with a URL instead of the Service (no pod network here)
-    # and the caBundle set by the test (cert-manager's job in production).
-    shipped = yaml.safe_load((ROOT / "overlays/webhook/validatingwebhookconfiguration.yaml").read_text())
-    config = copy.deepcopy(shipped)
-    config["metadata"] = {"name": "kata-sizing-test"}
-    hook = config["webhooks"][0]
-    hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{shipped['webhooks'][0]['clientConfig']['service']['path']}",
-                            "caBundle": base64.b64encode(cert.read_bytes()).decode()}
-    cp.apply(config)
+    cp.apply(registered_as_the_overlay("validatingwebhookconfiguration.yaml", "kata-sizing-test", port, cert))
     try:
         body = invalid_body()
         body["metadata"]["name"] = "refused"

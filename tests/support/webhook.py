@@ -4,6 +4,7 @@ with the emulator as its API server). Also the invalid policy the webhook tests 
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import socket
@@ -27,6 +28,7 @@ from kata_sizing.controller.operator_main import WebhookOptions, configure_webho
 from kata_sizing.controller.policy_webhook import VALIDATE_HANDLER_ID
 from kata_sizing.core.model import GROUP, PLURAL, VERSION
 from tests.support.harness import KopfThread, KubernetesApiEmulator, running_emulator
+from tests.support.paths import ROOT
 from tests.support.policies import example
 from tests.support.realcluster import free_port
 
@@ -138,3 +140,16 @@ def webhook(tmp_path) -> Iterator[Webhook]:
             client.wait_until_serving()
             yield client
         assert not emu.server_errors, f"the emulator itself failed: {emu.server_errors!r}"
+
+
+def registered_as_the_overlay(file: str, name: str, port: int, cert: Path) -> dict:
+    """overlays/webhook/`file` (a Validating- or MutatingWebhookConfiguration) as it registers the
+    operator's webhook, named `name`, with a URL on 127.0.0.1:`port` instead of the Service (no pod
+    network for a test's API server) and the caBundle of the test's certificate (cert-manager's
+    job in production)."""
+    config = yaml.safe_load((ROOT / "overlays" / "webhook" / file).read_text())
+    config["metadata"] = {"name": name}
+    for hook in config["webhooks"]:
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{hook['clientConfig']['service']['path']}",
+                                "caBundle": base64.b64encode(cert.read_bytes()).decode()}
+    return config
