@@ -149,7 +149,7 @@ test: lint $(TOOLS)/kubectl $(CRDS)
 	else echo "the image is not built (see the line above) and its tests will skip"; fi
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25
 
-# ruff over the whole tree (pyproject.toml [tool.ruff]) and mypy over core/, controller/, cli/ and vm.py
+# ruff over the whole tree (pyproject.toml [tool.ruff]) and mypy over core/, controller/, cli/, vm.py and tests/
 # ([tool.mypy]); `make test` runs both first, so a lint or type error fails CI.
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -216,7 +216,7 @@ def test_a_foreign_admission_policy_with_one_of_its_names_is_a_conflict_and_neve
     kube.create(POLICIES, explicit_classes_policy("taken"))
     st = kube.wait_observed("taken", Conflict="True")
     assert "kata-sizing-taken-envelope" in json.dumps(st["conditions"])
-    assert kube.get(VAPB, "kata-sizing-taken-envelope")["metadata"]["resourceVersion"] == \
+    assert kube.read(VAPB, "kata-sizing-taken-envelope")["metadata"]["resourceVersion"] == \
         created["metadata"]["resourceVersion"]
     assert not kube.writes(kind=VAPB, name="kata-sizing-taken-envelope")
     assert any("kata-sizing-taken-envelope" in m for m in kube.event_messages(cond.EVENT_CONFLICT))
@@ -228,7 +228,7 @@ def test_report_mode_reports_a_hand_edit_of_an_admission_policy_and_leaves_it(ku
     kube.edit(VAPB, "kata-sizing-watched-envelope", lambda o: o["spec"].update(validationActions=["Audit"]))
     kube.wait_for(lambda: kube.counter("watched", "driftDetected") >= 1, message=lambda: repr(kube.status("watched")))
     time.sleep(1.5)
-    assert kube.get(VAPB, "kata-sizing-watched-envelope")["spec"]["validationActions"] == ["Audit"]
+    assert kube.read(VAPB, "kata-sizing-watched-envelope")["spec"]["validationActions"] == ["Audit"]
     assert [w.verb for w in kube.writes(kind=VAPB) if w.name.startswith("kata-sizing-watched-")] == [
         "create", "create"]
 
@@ -379,7 +379,7 @@ def test_a_lost_race_while_correcting_an_admission_binding_rereads_and_retries(k
     race = kube.emu.conflict_next(1, method="PUT", path=f"/validatingadmissionpolicybindings/{name}")
     mark = kube.mark()
     kube.edit(VAPB, name, lambda o: o["spec"].update(validationActions=["Audit"]))
-    kube.wait_for(lambda: kube.get(VAPB, name)["spec"]["validationActions"] == ["Deny"])
+    kube.wait_for(lambda: kube.read(VAPB, name)["spec"]["validationActions"] == ["Deny"])
     kube.wait_for(lambda: kube.counter("gate", "driftCorrections") == 1)
     kube.settle()
     assert race.hits == 1

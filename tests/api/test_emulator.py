@@ -377,8 +377,8 @@ def test_kopf_operator_in_its_own_thread(emulator):
     @kopf.on.create('katasizing.dev', 'v1alpha1', 'katasizingpolicies', registry=registry)
     def create_values(name: str, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
         with kubernetes.config.new_client_from_config(config_file=kubeconfig) as client:
-            kubernetes.client.CoreV1Api(client).create_namespaced_config_map(
-                'kata-sizing', {'metadata': {'name': f'{name}-values'}, 'data': {'shim': spec['shim']}})
+            kubernetes.client.CoreV1Api(client).create_namespaced_config_map('kata-sizing', kubernetes.client.V1ConfigMap(
+                metadata=kubernetes.client.V1ObjectMeta(name=f'{name}-values'), data={'shim': spec['shim']}))
         patch.status['phase'] = 'Ready'
 
     with KopfThread(emulator.kubeconfig, registry=registry,

@@ -405,6 +405,6 @@ def test_the_application_health_check_reads_what_the_application_crd_holds(empty
     application = {**application, "metadata": {"name": "health-probe", "namespace": "argocd"},
                    "status": {"health": {"status": "Degraded", "message": "KataSizingPolicy qemu-rs is Degraded"}}}
     apply(cp, "-f", "-", input=yaml.safe_dump(application))
-    stored = cp.get("/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/health-probe")
+    stored = cp.read("/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/health-probe")
     assert health(HEALTH / "application.lua", stored) == {
         "status": "Degraded", "message": "KataSizingPolicy qemu-rs is Degraded"}

@@ -54,7 +54,7 @@ def helm_upgrade(kube: Kube) -> list[dict]:
     """`helm upgrade -f values.yaml` with the operator's overlay: every custom RuntimeClass is
     written exactly as the chart renders it (the strictest re-apply: a whole replace, whatever
     else is on the live object goes)."""
-    values = kube.get(CONFIG_MAPS, f"{NAME}-kata-deploy-values")["data"]["values.yaml"]
+    values = kube.read(CONFIG_MAPS, f"{NAME}-kata-deploy-values")["data"]["values.yaml"]
     rendered = chart_runtime_classes(values)
     for obj in rendered:
         live = kube.get(RUNTIME_CLASSES, obj["metadata"]["name"])
@@ -75,7 +75,7 @@ def chart_keys_kept(obj: dict) -> bool:
 
 
 def pod_fixed(kube: Kube, name: str) -> dict:
-    return kube.get(RUNTIME_CLASSES, name)["overhead"]["podFixed"]
+    return kube.read(RUNTIME_CLASSES, name)["overhead"]["podFixed"]
 
 
 def test_chart_runtime_classes_applied_again_and_again_get_no_operator_write_and_a_pod_fixed_edit_is_put_back(kube):
@@ -109,12 +109,12 @@ def test_chart_runtime_classes_applied_again_and_again_get_no_operator_write_and
     kube.wait_for(lambda: kube.counter(NAME, "driftCorrections") == 1)
     kube.settle()
     assert chart_keys_kept(kube.get(RUNTIME_CLASSES, name)), kube.get(RUNTIME_CLASSES, name)
-    assert kube.get(RUNTIME_CLASSES, name)["scheduling"]["tolerations"] == tolerations
+    assert kube.read(RUNTIME_CLASSES, name)["scheduling"]["tolerations"] == tolerations
     assert [(w.verb, w.name) for w in kube.writes(mark, RUNTIME_CLASSES)] == [("update", name)]
 
     # A selector key the policy sets, removed by hand, is put back; the chart's stay.
     kube.edit(RUNTIME_CLASSES, name, lambda o: o["scheduling"]["nodeSelector"].pop(SHARED_GATE))
-    kube.wait_for(lambda: kube.get(RUNTIME_CLASSES, name)["scheduling"]["nodeSelector"].get(SHARED_GATE) == "true")
+    kube.wait_for(lambda: kube.read(RUNTIME_CLASSES, name)["scheduling"]["nodeSelector"].get(SHARED_GATE) == "true")
     assert chart_keys_kept(kube.get(RUNTIME_CLASSES, name))
 
 
@@ -124,7 +124,7 @@ def test_a_chart_class_with_a_tee_key_in_pod_fixed_keeps_it(kube):
     kube.start()
     kube.create(POLICIES, kata_deploy_policy())
     kube.wait_observed(NAME, InSync="False")
-    for obj in chart_runtime_classes(kube.get(CONFIG_MAPS, f"{NAME}-kata-deploy-values")["data"]["values.yaml"]):
+    for obj in chart_runtime_classes(kube.read(CONFIG_MAPS, f"{NAME}-kata-deploy-values")["data"]["values.yaml"]):
         obj["overhead"]["podFixed"]["sev-snp.amd.com/esids"] = "1"
         kube.create(RUNTIME_CLASSES, obj)
     kube.wait_observed(NAME, InSync="True", Ready="True")
@@ -148,15 +148,15 @@ def test_operator_mode_leaves_labels_and_annotations_of_gitops_tools_alone(kube)
     kube.edit(CONFIG_MAPS, f"{NAME}-dropins", gitops)
     kube.stays(lambda: not kube.writes(mark), 1.5, "the operator wrote after a GitOps tool labelled its objects")
     for name in RC_NAMES:
-        meta = kube.get(RUNTIME_CLASSES, name)["metadata"]
+        meta = kube.read(RUNTIME_CLASSES, name)["metadata"]
         assert meta["labels"]["kustomize.toolkit.fluxcd.io/name"] == "kata"
         assert meta["labels"][POLICY_LABEL] == NAME
         assert "argocd.argoproj.io/tracking-id" in meta["annotations"]
 
     # A real edit next to them is corrected, and their keys survive the correction.
     kube.edit(CONFIG_MAPS, f"{NAME}-dropins", lambda o: o["data"].update({"m.toml": "#"}))
-    kube.wait_for(lambda: kube.get(CONFIG_MAPS, f"{NAME}-dropins")["data"]["m.toml"] != "#")
-    meta = kube.get(CONFIG_MAPS, f"{NAME}-dropins")["metadata"]
+    kube.wait_for(lambda: kube.read(CONFIG_MAPS, f"{NAME}-dropins")["data"]["m.toml"] != "#")
+    meta = kube.read(CONFIG_MAPS, f"{NAME}-dropins")["metadata"]
     assert meta["labels"]["kustomize.toolkit.fluxcd.io/name"] == "kata"
     assert "argocd.argoproj.io/tracking-id" in meta["annotations"]
     assert [w.verb for w in kube.writes(mark, CONFIG_MAPS)] == ["update"]
@@ -355,7 +355,7 @@ def test_the_lease_moved_a_b_a_around_a_chart_runtime_class_deleted_and_recreate
     body = explicit_classes_policy("moving", runtimeClass={"managedBy": "KataDeploy"})
     kube.create(POLICIES, body)
     kube.wait_observed("moving", InSync="False", Valid="True")
-    values = kube.get(CONFIG_MAPS, "moving-kata-deploy-values")["data"]["values.yaml"]
+    values = kube.read(CONFIG_MAPS, "moving-kata-deploy-values")["data"]["values.yaml"]
     chart = chart_runtime_classes(values)
     for obj in chart:  # helm install
         kube.create(RUNTIME_CLASSES, obj)

@@ -64,12 +64,13 @@ class FakeKubelet:
         await runner.setup()
         site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = runner.addresses[0][1]
         self._ready.set()
         await self._stop.wait()
         # Aborted, not closed: closing a TLS connection waits for the client's close_notify,
         # which a client still running (the operator's) need not send before this loop ends,
         # and the socket is then left open (a ResourceWarning in whichever test runs next).
+        assert runner.server is not None
         for handler in runner.server.connections:
             if handler.transport is not None:
                 handler.transport.abort()
@@ -81,6 +82,7 @@ class FakeKubelet:
         return self
 
     def __exit__(self, *_) -> None:
+        assert self._loop is not None and self._stop is not None, "the kubelet never started"
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 

@@ -58,7 +58,7 @@ def test_the_builtin_view_and_edit_roles_select_the_aggregated_roles(control_pla
     # The API server's own bootstrap roles: which labels they aggregate.
     for builtin, role in (("view", "kata-sizing-view"), ("edit", "kata-sizing-edit"), ("edit", "kata-sizing-view"),
                           ("admin", "kata-sizing-edit")):
-        selectors = control_plane.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{builtin}")[
+        selectors = control_plane.read(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{builtin}")[
             "aggregationRule"]["clusterRoleSelectors"]
         assert any(s["matchLabels"].items() <= ours[role].items() for s in selectors), (builtin, role, selectors)
     # ...and the installed roles are the ones in manifests/.

@@ -58,7 +58,7 @@ class Fleet:
 
     def reads(self, node_name: str | None = None) -> list:
         return [r for r in self.emu.requests("GET", PROXY)
-                if node_name is None or PROXY.match(r.path).group(1) == node_name]
+                if node_name is None or (match := PROXY.match(r.path)) is not None and match.group(1) == node_name]
 
 
 def valid_status(emu, policy: str) -> dict:

@@ -423,7 +423,7 @@ def test_drift_of_every_managed_field_and_deletion_of_every_object_is_put_back_a
         kube.edit(CONFIG_MAPS, name, lambda o, key=key: o["data"].update({key: "edited by hand"}))
         kube.wait_for(lambda name=name, key=key: (kube.get(CONFIG_MAPS, name) or {})["data"][key] != "edited by hand",
                       message=f"{name} data restored")
-        assert kube.get(CONFIG_MAPS, name)["data"] == cm["data"], name
+        assert kube.read(CONFIG_MAPS, name)["data"] == cm["data"], name
 
     for kind, names in ((RUNTIME_CLASSES, rcs), (CONFIG_MAPS, cms)):
         for name in names:
@@ -507,7 +507,7 @@ def test_an_unmanaged_runtime_class_with_our_name_is_left_alone_and_reported(kub
     assert kube.condition(NAME, "InSync")["status"] == "False"
     assert any("kata-qemu-rs-m" in m for m in kube.event_messages(cond.EVENT_CONFLICT, "Warning"))
     for other in RC_NAMES - {"kata-qemu-rs-m"}:
-        assert kube.get(RUNTIME_CLASSES, other)["metadata"]["labels"][MANAGED_BY_LABEL] == MANAGED_BY
+        assert kube.read(RUNTIME_CLASSES, other)["metadata"]["labels"][MANAGED_BY_LABEL] == MANAGED_BY
     assert not kube.writes(mark, RUNTIME_CLASSES, "kata-qemu-rs-m")
     # Resyncs (every 0.5 s here) of a policy still in Conflict: no write, not even the event again.
     quiet, resyncs = kube.mark(), kube.passes("resync")
@@ -801,7 +801,7 @@ def test_the_periodic_resync_of_an_unchanged_policy_writes_nothing_and_asks_noth
 
 def chart_runtime_classes(kube: Kube) -> list[dict]:
     """The RuntimeClasses as the kata-deploy chart creates them: from the values overlay's strings."""
-    values = yaml.safe_load(kube.get(CONFIG_MAPS, f"{NAME}-kata-deploy-values")["data"]["values.yaml"])
+    values = yaml.safe_load(kube.read(CONFIG_MAPS, f"{NAME}-kata-deploy-values")["data"]["values.yaml"])
     runtimes = values["customRuntimes"]["runtimes"]
     items = runtimes.values() if isinstance(runtimes, dict) else runtimes
     return [yaml.safe_load(r["runtimeClass"]) for r in items]
@@ -842,7 +842,7 @@ def test_kata_deploy_mode_guards_the_charts_runtime_classes_but_never_creates_or
     kube.wait_for(lambda: pod_fixed(kube, name) == original)
     [corrected] = kube.wait_for(lambda: kube.event_messages(cond.EVENT_DRIFT_CORRECTED))
     assert name in corrected
-    assert "ownerReferences" not in kube.get(RUNTIME_CLASSES, name)["metadata"]
+    assert "ownerReferences" not in kube.read(RUNTIME_CLASSES, name)["metadata"]
 
     kube.delete(POLICIES, NAME)
     kube.wait_for(lambda: kube.policy(NAME) is None)
@@ -869,7 +869,7 @@ def test_at_info_the_operator_says_what_it_changed_and_nothing_per_policy_per_ti
     kube.create(NODES, {"metadata": {"name": "n1", "labels": {"katacontainers.io/kata-runtime": "true"}},
                         "status": {"capacity": {"memory": "64Gi", "cpu": "16"},
                                    "allocatable": {"memory": "60Gi", "cpu": "15"}}})
-    kube.wait_for(lambda: "n1" in str(kube.get(CONFIG_MAPS, f"{NAME}-node-guidance")["data"]))
+    kube.wait_for(lambda: "n1" in str(kube.read(CONFIG_MAPS, f"{NAME}-node-guidance")["data"]))
     kube.settle()
     said_before, resyncs = len(kube.log_lines()), kube.passes("resync")
     time.sleep(1.2)  # six guidance checks and four resyncs of three policies in sync

@@ -13,12 +13,15 @@ after every other real-server test): the real authorizer refused nothing, and ev
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from kata_sizing.controller.leader import LeaseOptions
 from kata_sizing.core.podfit import SHARED_NAMES
 from kata_sizing.core.render import MANAGED_BY_LABEL
 from tests.support import realcluster as real
+from tests.support.harness import KubernetesApiEmulator
 from tests.support.manifests import (
     APPLICATION_PERMISSIONS,
     FRAMEWORK_PERMISSIONS,
@@ -86,6 +89,18 @@ def test_request_triples(method, path, query, expected):
     assert request_triple(method, path, query) == expected
 
 
+
+def absent(emu: KubernetesApiEmulator, resource: str, name: str) -> bool:
+    return emu.objects(resource).get(name) is None
+
+
+def present(emu: KubernetesApiEmulator, resource: str, name: str) -> bool:
+    return emu.objects(resource).get(name) is not None
+
+
+def has_spec(emu: KubernetesApiEmulator, resource: str, name: str, field: str, value: str) -> bool:
+    return ((emu.objects(resource).get(name) or {}).get("spec") or {}).get(field) == value
+
 def _triples(table: dict[tuple[str, str], tuple[str, ...]]) -> set[Triple]:
     return {(group, resource, verb) for (group, resource), verbs in table.items() for verb in verbs}
 
@@ -121,7 +136,7 @@ def _broad_scenario(cluster) -> None:
     wait_observed(emu, "qemu-rs", Ready="True")
     for kind, name in (("validatingadmissionpolicies", "kata-sizing-qemu-rs-envelope"),
                        ("mutatingadmissionpolicies", "kata-sizing-qemu-rs-route")):
-        wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name) is None)
+        wait_for(partial(absent, emu, f"admissionregistration.k8s.io/v1/{kind}", name))
     wait_for(lambda: emu.objects(CONFIG_MAPS).get("qemu-rs-admission", OUTPUT_NAMESPACE) is None)
     taken = example()
     taken["metadata"]["name"] = "taken"
@@ -171,7 +186,7 @@ def _broad_scenario(cluster) -> None:
                                                                       OUTPUT_NAMESPACE)["metadata"]["labels"])
     emu.objects(RUNTIME_CLASSES).delete("kata-qemu-rs-s")
     wait_for(lambda: get_rc(emu, "kata-qemu-rs-s"))
-    handler_changed = dict(get_rc(emu, "kata-qemu-rs-l"), handler="elsewhere")
+    handler_changed = dict(get_rc(emu, "kata-qemu-rs-l") or {}, handler="elsewhere")
     emu.objects(RUNTIME_CLASSES).put(handler_changed)
     wait_for(lambda: (get_rc(emu, "kata-qemu-rs-l") or {}).get("handler") == "kata-qemu-rs-l")
     # A hand deletion of each admission kind, and a create that meets 409 (somebody made one of
@@ -182,19 +197,19 @@ def _broad_scenario(cluster) -> None:
                        ("mutatingadmissionpolicybindings", "kata-sizing-qemu-rs-route")):
         emu.fail_next(1, status=409, method="POST", path=f"/{kind}$")
         emu.objects(f"admissionregistration.k8s.io/v1/{kind}").delete(name)
-        wait_for(lambda kind=kind, name=name: emu.objects(f"admissionregistration.k8s.io/v1/{kind}").get(name))
+        wait_for(partial(present, emu, f"admissionregistration.k8s.io/v1/{kind}", name))
     # A hand edit of each shared admission policy is put back (update).
     for kind, name in (("validatingadmissionpolicies", SHARED_NAMES["envelope"]),
                        ("mutatingadmissionpolicies", SHARED_NAMES["route"])):
         path = f"admissionregistration.k8s.io/v1/{kind}"
         edit(emu, path, name, lambda o: o["spec"].update(failurePolicy="Ignore"))
-        wait_for(lambda path=path, name=name: emu.objects(path).get(name)["spec"]["failurePolicy"] == "Fail")
+        wait_for(partial(has_spec, emu, path, name, "failurePolicy", "Fail"))
     for binding in ("validatingadmissionpolicybindings", "mutatingadmissionpolicybindings"):
         path = f"admissionregistration.k8s.io/v1/{binding}"
         name, shared = (("kata-sizing-qemu-rs-envelope", SHARED_NAMES["envelope"]) if binding.startswith("validating")
                         else ("kata-sizing-qemu-rs-route", SHARED_NAMES["route"]))
         edit(emu, path, name, lambda o: o["spec"].update(policyName="elsewhere"))
-        wait_for(lambda path=path, name=name, shared=shared: emu.objects(path).get(name)["spec"]["policyName"] == shared)
+        wait_for(partial(has_spec, emu, path, name, "policyName", shared))
     edit(emu, RUNTIME_CLASSES, "kata-report-m", lambda o: o["overhead"]["podFixed"].update(memory="1Mi"))
     wait_for(lambda: (emu.objects(POLICIES).get("report").get("status") or {}).get("driftDetected"))
     # Admission switched off: the policy's bindings are deleted.
@@ -270,7 +285,7 @@ def test_every_grant_of_the_clusterrole_is_used_and_nothing_was_refused(control_
     control_plane.edit(real.cm_path("rbac-node-guidance"),
                        lambda o: o["metadata"]["labels"].pop("app.kubernetes.io/managed-by"))
     real.poll(lambda: "app.kubernetes.io/managed-by" in
-              control_plane.get(real.cm_path("rbac-node-guidance"))["metadata"]["labels"],
+              control_plane.read(real.cm_path("rbac-node-guidance"))["metadata"]["labels"],
               10, "the managed-by label put back")
     body["spec"]["classes"].pop()
     control_plane.apply(body)

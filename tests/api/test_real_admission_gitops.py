@@ -61,10 +61,10 @@ def pods_of(name: str) -> list[dict]:
     ]
 
 
-def judged(cp: ControlPlane, pods: list[dict]) -> dict[str, object]:
+def judged(cp: ControlPlane, pods: list[dict]) -> dict[str, tuple[list[tuple[str, str, str]], str | None]]:
     """{pod: (its verdicts, the class the routing gave it)} as the API server says, one dry run each
     (so a refused pod does not hide the others' answers)."""
-    seen: dict[str, object] = {}
+    seen: dict[str, tuple[list[tuple[str, str, str]], str | None]] = {}
     for pod in pods:
         proc = dry_run(cp, [pod], "-o", "json")
         routed = json.loads(proc.stdout)["spec"].get("runtimeClassName") if proc.returncode == 0 else None

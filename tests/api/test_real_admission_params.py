@@ -139,4 +139,4 @@ def test_without_the_keep_alive_bindings_kube_apiserver_1_37_judges_by_stale_par
     refused = dry_run(cp, [BIG_ON_S])
     assert "exceed class s (cpu 1, memory 1Gi)" in refused.stderr, refused.stderr
     assert judged(cp) == (False, "kata-fit-m")
-    assert cp.get(PARAMS)["data"]["classMemory"].startswith(f"{WIDE_BYTES},")
+    assert cp.read(PARAMS)["data"]["classMemory"].startswith(f"{WIDE_BYTES},")

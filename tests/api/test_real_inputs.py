@@ -19,6 +19,7 @@ import textwrap
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -84,7 +85,7 @@ def runtime_class(name: str, scheduling: dict) -> str:
 KEYS = ["kata", "example.com/kata", "/team", "a/b/c", "Example.com/a", "example.com/", "", "k" * 63, "k" * 64,
         "a.b-c_d", "-a", "a-", "a b", "a\nb", "a" * 253 + "/b", "a" * 254 + "/b", "a..b/c", "1e3", "true"]
 VALUES = ["", "true", "v" * 63, "v" * 64, "-v", "v-", "a_b.c", "a b", "a/b", "1e3"]
-TOLERATIONS = [
+TOLERATIONS: list[dict] = [
     {"operator": "Exists"}, {"key": "kata", "operator": "Exists", "value": "x"},
     {"key": "kata", "operator": "Exists", "tolerationSeconds": 60},
     {"key": "kata", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": -1},
@@ -163,7 +164,7 @@ def test_unquoted_yaml_scalars_mean_to_the_server_what_the_grammar_says(control_
                                  input="---\n".join(c[4] for c in cases if c[0] in accepted))
     answer = json.loads(proc.stdout)
     stored = {item["metadata"]["name"]: item for item in (answer["items"] if "items" in answer else [answer])}
-    wrong = []
+    wrong: list[tuple] = []
     for name, kind, scalar, path, _ in cases:
         expected = grammar.schema_accepts(kind, scalar)
         if (name in stored) != expected:
@@ -324,7 +325,7 @@ def test_the_largest_class_cpu_is_judged_by_the_server_and_one_past_it_is_refuse
     params = next(o for o in objects if o["kind"] == "ConfigMap")
     assert params["data"]["classCpu"] == str(INT64_MAX)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cel-max"}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "big", "namespace": "cel-max"},
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "big", "namespace": "cel-max"},
            "spec": {"runtimeClassName": "kata-cel-max-s", "containers": [{
                "name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {"cpu": "64", "memory": "2Gi"}}}]}}
     try:
@@ -410,8 +411,9 @@ def test_pods_kata_would_refuse_are_refused_by_the_server_as_podfit_says(control
         denied = {}
         for line in proc.stderr.splitlines():
             match = DENIED.search(line)
-            if match:
-                denied[re.match(r"pod [^/]+/(\S+)", match[2])[1]] = (match[1], match[2])
+            who = re.match(r"pod [^/]+/(\S+)", match[2]) if match else None
+            if match and who:
+                denied[who[1]] = (match[1], match[2])
         sizing = size_policy(parse_policy(yaml.safe_load(ZERO)))
         expected = {}
         for pod in ZERO_PODS:

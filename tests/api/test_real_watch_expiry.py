@@ -10,6 +10,7 @@ again and still put back a hand edit made around that moment.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.realserver
 
 
 @pytest.fixture(scope="module")
-def expiring_control_plane(tmp_path_factory) -> ControlPlane:
+def expiring_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with installed_control_plane(tmp_path_factory.mktemp("expiring"),
                                  ("--watch-cache=false", "--min-request-timeout=3")) as cp:
         yield cp

@@ -24,7 +24,8 @@ def _render(capsys, tmp_path, *flags: str) -> str:
 
 
 def _objects(stdout: str) -> list[dict]:
-    found, decoder, at = [], json.JSONDecoder(), 0
+    found: list[dict] = []
+    decoder, at = json.JSONDecoder(), 0
     while stdout[at:].strip():
         text = stdout[at:].lstrip()
         obj, end = decoder.raw_decode(text)

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -203,12 +204,17 @@ def layer_listings(archive: Path, workdir: Path) -> dict[str, list[str]]:
     import tarfile
 
     with tarfile.open(archive) as oci:
-        index = json.load(oci.extractfile("index.json"))
+        def member(name: str) -> IO[bytes]:
+            found = oci.extractfile(name)
+            assert found is not None, f"{archive} has no file {name}"
+            return found
+
+        index = json.load(member("index.json"))
         (manifest_descriptor,) = index["manifests"]
-        manifest = json.load(oci.extractfile("blobs/" + manifest_descriptor["digest"].replace(":", "/")))
+        manifest = json.load(member("blobs/" + manifest_descriptor["digest"].replace(":", "/")))
         listings = {}
         for layer in manifest["layers"]:
-            blob = oci.extractfile("blobs/" + layer["digest"].replace(":", "/"))
+            blob = member("blobs/" + layer["digest"].replace(":", "/"))
             with tarfile.open(fileobj=blob, mode="r|*") as layer_tar:
                 listings[layer["digest"]] = [member.name for member in layer_tar]
     return listings

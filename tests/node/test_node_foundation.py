@@ -64,7 +64,7 @@ def runtime_class(real_node: Node) -> Iterator[str]:
 
 
 def test_the_node_is_ready_and_reports_v1_37_2(real_node: Node, tmp_path: Path) -> None:
-    node = real_node.cp.get(f"/api/v1/nodes/{real_node.name}")
+    node = real_node.cp.read(f"/api/v1/nodes/{real_node.name}")
     conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert conditions["Ready"] == "True", conditions
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.37.2"
@@ -187,7 +187,7 @@ def test_the_summary_api_reports_the_pods_working_set_and_what_is_not_the_worklo
     # pod's working set and of no container's: the part of the pod that is not the workload.
     with real_node.hold_memory_in_pod(running, 48) as helper:
         try:
-            assert helper.stdout.readline() == "holding 48 MiB\n"
+            assert helper.stdout is not None and helper.stdout.readline() == "holding 48 MiB\n"
             assert str(helper.pid) in (cgroup / "cgroup.procs").read_text().split()
             entry = poll(measured, 60, "the Summary API reports the container's 64 MiB and 48 MiB outside it",
                          interval=1)

@@ -68,7 +68,7 @@ def policy(**spec) -> dict:
 
 
 def pod_fixed_mib(cp: ControlPlane, class_name: str, field: str = "podFixed") -> int:
-    for found in cp.get(f"/apis/katasizing.dev/v1alpha1/katasizingpolicies/{POLICY}")["status"]["classes"]:
+    for found in cp.read(f"/apis/katasizing.dev/v1alpha1/katasizingpolicies/{POLICY}")["status"]["classes"]:
         if found["name"] == class_name:
             return int((found[field]["memory"] if field == "podFixed" else found[field]).removesuffix("Mi"))
     raise AssertionError(class_name)
@@ -98,7 +98,7 @@ class StandIn:
                 path.write_text("0")
         self.process = subprocess.Popen([str(PODTOOL), "hold", "--file", str(self.file)], stdout=subprocess.PIPE,
                                         text=True, preexec_fn=join)
-        assert self.process.stdout.readline() == f"holding {mib} MiB\n"
+        assert self.process.stdout is not None and self.process.stdout.readline() == f"holding {mib} MiB\n"
 
     def hold(self, mib: int) -> None:
         self.file.write_text(str(mib))
@@ -106,7 +106,8 @@ class StandIn:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
-        self.process.stdout.close()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def pod_entry(real_node: Node, pod: dict) -> dict | None:
@@ -121,7 +122,7 @@ def outside_mib(entry: dict) -> float:
 
 
 def kubelet_port(real_node: Node) -> int:
-    return real_node.cp.get(f"/api/v1/nodes/{real_node.name}")["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    return real_node.cp.read(f"/api/v1/nodes/{real_node.name}")["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
 
 
 class Credentials:
@@ -133,11 +134,13 @@ class Credentials:
         return f"Bearer {self.token}"
 
 
-def read_summary_as(real_node: Node, token: str) -> object:
-    async def read():
+def read_summary_as(real_node: Node, token: str) -> dict:
+    async def read() -> dict:
         kubelets = DirectKubelets(Credentials(real_node.cp.state / "ca.crt", token), KubeletOptions())
         try:
-            return await kubelets.read(real_node.name, real_node.ip, kubelet_port(real_node))
+            summary = await kubelets.read(real_node.name, real_node.ip, kubelet_port(real_node))
+            assert isinstance(summary, dict), summary
+            return summary
         finally:
             await kubelets.close()
     return asyncio.run(read())
@@ -204,7 +207,7 @@ def test_each_class_measures_its_stand_in_and_survey_calibrate_covers_every_pod(
                                                            zip(found, shapes)) else None)(
             [pod_entry(real_node, p) for p in pods]), 60, "the kubelet reports each stand-in", interval=1)
         for entry, (_, _, mib) in zip(entries, shapes):
-            assert mib <= outside_mib(entry) < mib + TOLERANCE_MIB, (mib, outside_mib(entry))
+            assert entry is not None and mib <= outside_mib(entry) < mib + TOLERANCE_MIB, (mib, entry)
 
         # The operator's status: each class's largest overhead is its largest stand-in's N.
         def classes_measured() -> dict | None:
@@ -232,18 +235,21 @@ def test_each_class_measures_its_stand_in_and_survey_calibrate_covers_every_pod(
         csv_path = tmp_path / "survey.csv"
         csv_path.write_text(survey.stdout)
         from kata_sizing.core.calibrate import parse_samples_csv
-        rows = {row.pod: row for row in parse_samples_csv(survey.stdout)}
+        parsed = parse_samples_csv(survey.stdout)
+        assert all(row.pod and row.overhead_used_mib is not None and row.pod_working_set_bytes is not None
+                   for row in parsed), parsed  # a live survey's rows say the pod and what it measured
+        rows = {row.pod: row for row in parsed if row.pod}
         assert sorted(rows) == sorted(f"{namespace}/{p['metadata']['name']}" for p in pods)
         for pod, (_, _, mib) in zip(pods, shapes):
             row = rows[f"{namespace}/{pod['metadata']['name']}"]
-            assert mib <= float(row.overhead_used_mib) < mib + TOLERANCE_MIB
+            assert mib <= float(row.overhead_used_mib or 0) < mib + TOLERANCE_MIB
         calibrated = cli(cp, "calibrate", csv_path, "--policy", policy_file, "-o", "json")
         assert calibrated.returncode == 0, calibrated.stderr
         report = json.loads(calibrated.stdout)
         proposed = {c["name"]: int(c["podFixed"]["memory"].removesuffix("Mi")) for c in report["classes"]}
         for row in rows.values():  # checked here from the rows themselves, not only by calibrate
             limit_bytes = math.ceil(row.container_limit_mib * MIB) + proposed[row.class_name] * MIB
-            assert row.pod_working_set_bytes <= limit_bytes, (row.pod, row.pod_working_set_bytes, limit_bytes)
+            assert (row.pod_working_set_bytes or 0) <= limit_bytes, (row.pod, row.pod_working_set_bytes, limit_bytes)
         diff = cli(cp, "render", policy_file, "--proposal", csv_path)
         assert diff.returncode == 0, diff.stderr
         assert f"--- {POLICY}-kata-deploy-values/values.yaml (now)" in diff.stdout
@@ -251,15 +257,15 @@ def test_each_class_measures_its_stand_in_and_survey_calibrate_covers_every_pod(
         # The same survey in a ConfigMap: the operator proposes the same, and applies nothing.
         cp.create("/api/v1/namespaces/kata-sizing/configmaps", {
             "metadata": {"name": "node-survey"}, "data": {"survey.csv": survey.stdout}})
-        before = {c["name"]: c["podFixed"] for c in cp.get(
+        before = {c["name"]: c["podFixed"] for c in cp.read(
             f"/apis/katasizing.dev/v1alpha1/katasizingpolicies/{POLICY}")["status"]["classes"]}
         cp.apply(policy(overhead={"survey": {"configMap": "node-survey"}}))
-        proposal = poll(lambda: (cp.get(f"/apis/katasizing.dev/v1alpha1/katasizingpolicies/{POLICY}")["status"]
+        proposal = poll(lambda: (cp.read(f"/apis/katasizing.dev/v1alpha1/katasizingpolicies/{POLICY}")["status"]
                                  .get("proposal")), 30, "status.proposal")
         assert proposal["overhead"] == report["overhead"]
         assert {c["name"]: c["podFixed"]["memory"] for c in proposal["classes"]} == \
             {c["name"]: c["podFixed"]["memory"] for c in report["classes"]}
-        assert {c["name"]: c["podFixed"] for c in cp.get(
+        assert {c["name"]: c["podFixed"] for c in cp.read(
             f"/apis/katasizing.dev/v1alpha1/katasizingpolicies/{POLICY}")["status"]["classes"]} == before
         cp.delete("/api/v1/namespaces/kata-sizing/configmaps/node-survey")
     finally:
@@ -306,6 +312,7 @@ def test_a_stand_in_near_its_cgroup_limit_raises_the_warning_within_one_interval
 
         def kubelet_sees(low: bool) -> bool:
             found = pod_entry(real_node, pod)
+            assert found is not None, "the kubelet reports no such pod"
             headroom = (256 + pod_fixed) - found["memory"]["workingSetBytes"] / MIB
             return (headroom < threshold_mib) == low
         poll(lambda: kubelet_sees(True), 60, "the kubelet reports the pod under its threshold", interval=0.5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -90,7 +89,7 @@ def wait_policy_ready(cp, name: str = NAME, timeout: float = 60) -> dict:
 
 
 def guidance(cp) -> dict:
-    data = cp.get(f"{configmaps()}/{GUIDANCE_CM}")["data"]
+    data = cp.read(f"{configmaps()}/{GUIDANCE_CM}")["data"]
     (document,) = [yaml.safe_load(v) for k, v in data.items() if k.endswith(".yaml")]
     return document
 
@@ -104,6 +103,13 @@ def pod_file(tmp_path: Path, pod: dict) -> Path:
 def unschedulable(pod: dict) -> dict | None:
     return next((c for c in pod.get("status", {}).get("conditions", [])
                  if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"), None)
+
+
+def why_unschedulable(pod: dict) -> str:
+    """The scheduler's message for a pod it refused."""
+    refused = unschedulable(pod)
+    assert refused is not None, f"{pod['metadata']['name']} was not refused by the scheduler: {pod.get('status')}"
+    return refused["message"]
 
 
 def create_pod(node: Node, body: dict) -> subprocess.CompletedProcess:
@@ -170,7 +176,7 @@ def test_the_charts_shared_admission_policies_carry_helms_marks_and_one_deleted_
     cp = release.cp
     wait_policy_ready(cp)
     path = f"{ADMISSION}/validatingadmissionpolicies/{SHARED_NAMES['envelope']}"
-    before = cp.get(path)
+    before = cp.read(path)
     assert before["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
     assert writers(before) == {("helm", "Apply")}
     put_back_in_the_installers_name(cp, path, ("helm", "Apply"))
@@ -281,8 +287,8 @@ def test_a_pod_at_the_edge_of_every_class_is_charged_what_explain_says(
                                    "-o", "json").stdout)
         assert explained["class"] == cls and explained["admission"]["allowed"] is True
         assert running["spec"]["overhead"] == explained["podFixed"]
-        accounted_bytes = int(re.fullmatch(r"(\d+)Mi", explained["accounted"]["memory"])[1]) * MIB
-        accounted_millicores = int(re.fullmatch(r"(\d+)m", explained["accounted"]["cpu"])[1])
+        accounted_bytes = int(explained["accounted"]["memory"].removesuffix("Mi")) * MIB
+        accounted_millicores = int(explained["accounted"]["cpu"].removesuffix("m"))
         memory = node.pod_cgroup(running, "memory")
         assert int((memory / "memory.limit_in_bytes").read_text()) == accounted_bytes, cls
         cpu = node.pod_cgroup(running, "cpu")
@@ -379,18 +385,18 @@ def test_runtime_class_scheduling_decides_pending_or_running_as_the_policy_says(
     labels = {"katacontainers.io/kata-runtime": "true"}
     scheduling(scheduling_policy({"kata-sizing.test/pool": "elsewhere"}, [NODE_TOLERATION]))
     elsewhere = node.wait_pod(pod("elsewhere"), unschedulable, "refused by the scheduler")
-    assert "didn't match Pod's node affinity/selector" in unschedulable(elsewhere)["message"]
+    assert "didn't match Pod's node affinity/selector" in why_unschedulable(elsewhere)
 
     scheduling(scheduling_policy(labels, []))
     untolerated = node.wait_pod(pod("untolerated"), unschedulable, "refused by the scheduler")
-    assert "1 node(s) had untolerated taint(s)" in unschedulable(untolerated)["message"]
+    assert "1 node(s) had untolerated taint(s)" in why_unschedulable(untolerated)
 
     scheduling(scheduling_policy(labels, [NODE_TOLERATION]))
     running = node.wait_pod(pod("placed"), lambda p: p.get("status", {}).get("phase") == "Running", "Running")
     assert running["spec"]["nodeSelector"] == labels and running["spec"]["nodeName"] == node.name
     # The pods admitted before the policy changed keep the scheduling they were given.
     for name in ("elsewhere", "untolerated"):
-        assert node.cp.get(f"/api/v1/namespaces/{namespace}/pods/{name}")["status"]["phase"] == "Pending"
+        assert node.cp.read(f"/api/v1/namespaces/{namespace}/pods/{name}")["status"]["phase"] == "Pending"
 
 
 def test_the_pod_audit_in_status_lists_the_running_pod_over_its_envelope(
@@ -438,7 +444,7 @@ def test_the_node_is_as_guidance_says_and_admits_guidances_vms_per_class(
                 lambda: f"guidance with {infra_mib}Mi of infra pods: {guidance(cp)}")
     assert seen["kubeletConfiguration"] == before_start["kubeletConfiguration"]
     assert seen["capacity"] == before_start["capacity"] == {
-        k: node.cp.get(f"/api/v1/nodes/{node.name}")["status"]["capacity"][k] for k in ("memory", "cpu")}
+        k: node.cp.read(f"/api/v1/nodes/{node.name}")["status"]["capacity"][k] for k in ("memory", "cpu")}
     assert seen["allocatable"] == {"memory": before_start["allocatable"]["memory"],
                                    "observedMemory": node.allocatable()["memory"]}
     assert node.allocatable()["memory"] == before_start["allocatable"]["memory"]
@@ -455,7 +461,7 @@ def test_the_node_is_as_guidance_says_and_admits_guidances_vms_per_class(
             placed = node.wait_pod(body, lambda p: p.get("status", {}).get("phase") == "Running" or unschedulable(p),
                                    "Running or refused by the scheduler")
             if unschedulable(placed):
-                assert f"Insufficient {binding}" in unschedulable(placed)["message"], (cls, fit, placed["status"])
+                assert f"Insufficient {binding}" in why_unschedulable(placed), (cls, fit, placed["status"])
                 break
             admitted += 1
         assert admitted == fit["fit"], f"class {cls}: the node admitted {admitted}, guidance says {fit}"
@@ -514,12 +520,13 @@ def test_helm_upgrade_rolls_the_deployment_and_each_object_is_written_once_if_it
     try:
         time.sleep(3)  # the surge pod starts; the old leader still leads
         cp.apply(changed)
-        assert upgrade.wait(240) == 0, upgrade.stdout.read()
+        assert upgrade.wait(240) == 0, upgrade.stdout and upgrade.stdout.read()
     finally:
         if upgrade.poll() is None:
             upgrade.kill()
             upgrade.wait()
-        upgrade.stdout.close()
+        if upgrade.stdout is not None:
+            upgrade.stdout.close()
     after = release.wait_ready(2)
     assert not before_pods & {p["metadata"]["name"] for p in after}, "the Deployment did not roll"
     wait_policy_ready(cp)
@@ -553,7 +560,7 @@ def test_helm_upgrade_rolls_the_deployment_and_each_object_is_written_once_if_it
     # progress or finalizer on it any more).
     assert [(e.verb, e.source_ips) for e in release.requests(mark)
             if e.resource == "katasizingpolicies" and e.verb in WRITE_VERBS] == []
-    assert cp.get(f"{RUNTIME_CLASSES}/kata-sizing-node-s")["overhead"] == new[
+    assert cp.read(f"{RUNTIME_CLASSES}/kata-sizing-node-s")["overhead"] == new[
         ("runtimeclasses", "", "kata-sizing-node-s")]["overhead"]
     assert release.leader() in {p["metadata"]["name"] for p in after}
     cp.apply(POLICY)
@@ -622,7 +629,6 @@ def test_deleting_the_leader_hands_over_within_the_lease_and_both_replicas_say_t
         else:
             assert gauges == {}, f"{pod}, not leading, exports {gauges}"
             assert total(samples, "kata_sizing_reconciles_total") == 0
-    release.handover_seconds = handover_s
 
 
 def test_the_charts_rbac_was_enough_for_everything_the_operator_did(release: OperatorRelease) -> None:

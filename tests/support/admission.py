@@ -62,7 +62,7 @@ def put_back_in_the_installers_name(cp: ControlPlane, path: str, installer: tupl
     """Delete the shared admission policy at `path`, installed by Helm (the chart); the operator
     puts it back as `installer` (manager, operation) wrote it: its labels (Helm's among them),
     annotations and spec, in its name alone."""
-    before = cp.get(path)
+    before = cp.read(path)
     assert installer in writers(before), before["metadata"]["managedFields"]
     cp.delete(path)
     back = poll(lambda: cp.get(path), 10, f"{path} put back")

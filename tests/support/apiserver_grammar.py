@@ -213,15 +213,16 @@ def schema_accepts(kind: str, scalar: Scalar) -> bool:
         return scalar.json_type == "boolean"
     if kind == "integer":
         return scalar.json_type == "integer"
+    value = scalar.value
     if kind == "positive":
-        return scalar.json_type == "integer" and scalar.value >= 1
+        return scalar.json_type == "integer" and isinstance(value, int) and value >= 1
     if kind == "string":
         return scalar.json_type == "string"
     if kind == "label-value":  # a string the CRD takes and a RuntimeClass's nodeSelector too
-        return scalar.json_type == "string" and label_value_ok(scalar.value)
+        return isinstance(value, str) and label_value_ok(value)
     if kind == "quantity":
         return scalar.json_type == "integer" or (
-            scalar.json_type == "string" and _QUANTITY_PATTERN.fullmatch(scalar.value) is not None)
+            isinstance(value, str) and _QUANTITY_PATTERN.fullmatch(value) is not None)
     raise ValueError(kind)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import kubernetes_validate
@@ -132,7 +133,7 @@ def find_kubectl() -> str | None:
     return str(local) if os.access(local, os.X_OK) else None
 
 
-def request_triple(method: str, path: str, query: dict) -> Triple | None:
+def request_triple(method: str, path: str, query: Mapping[str, str]) -> Triple | None:
     """(apiGroup, resource[/subresource], verb) of one request; None for discovery paths."""
     parts = [p for p in path.split("/") if p]
     if not parts or parts[0] not in ("api", "apis"):

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,9 @@ def machine_capacity() -> tuple[str, str]:
     """The memory and CPU capacity the kubelet reports for this machine: MemTotal of
     /proc/meminfo (cAdvisor's machine memory) and the logical CPUs."""
     meminfo = Path("/proc/meminfo").read_text()
-    kib = int(re.search(r"^MemTotal:\s+(\d+) kB$", meminfo, re.M)[1])
+    found = re.search(r"^MemTotal:\s+(\d+) kB$", meminfo, re.M)
+    assert found is not None, "no MemTotal in /proc/meminfo"
+    kib = int(found[1])
     return f"{kib}Ki", str(os.cpu_count())
 
 
@@ -347,7 +349,7 @@ class OperatorRelease:
 
 
 @contextlib.contextmanager
-def installed_release(node: Node, workdir: Path, apply_first: list[dict] = ()) -> Iterator[OperatorRelease]:
+def installed_release(node: Node, workdir: Path, apply_first: Sequence[dict] = ()) -> Iterator[OperatorRelease]:
     """The image imported, the namespace and Secret made, `apply_first` applied (the operator
     then finds them when it starts), the chart installed and both replicas Ready; uninstalled
     (policies first, in the foreground) on exit."""

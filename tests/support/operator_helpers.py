@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tests.support.harness import KubernetesApiEmulator
+from tests.support.harness import KopfThread, KubernetesApiEmulator
 from tests.support.paths import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -43,7 +43,7 @@ def terminate(process: subprocess.Popen, grace_s: float = 20) -> int:
     return process.returncode
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 5, message: str | Callable[[], str] = "",
+def wait_for(predicate: Callable[[], T | None], timeout: float = 5, message: str | Callable[[], str] = "",
              interval: float = POLL_S) -> T:
     """Poll `predicate` every `interval` (20 ms) until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout
@@ -111,7 +111,7 @@ def conditions(emu: KubernetesApiEmulator, name: str) -> dict[str, str]:
 def observed(emu: KubernetesApiEmulator, name: str) -> bool:
     """Status is written for the policy's current generation."""
     body = policy(emu, name)
-    return bool(body) and (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+    return body is not None and (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
 
 
 def wait_observed(emu: KubernetesApiEmulator, name: str, timeout: float = 5, **expected: str) -> dict:
@@ -201,7 +201,7 @@ def describe_writes(records: list) -> list[str]:
     return [f"{r.method} {r.path} -> {r.status}" for r in records]
 
 
-def named(records: list) -> list[str]:
+def named(records: list) -> list[str | None]:
     """The object names that PUT/DELETE requests address, or the body's name for a POST."""
     names = []
     for r in records:
@@ -233,8 +233,8 @@ class OperatorCluster:
     def __init__(self, emu: KubernetesApiEmulator, monkeypatch: Any) -> None:
         self.emu = emu
         self._monkeypatch = monkeypatch
-        self.operator = None
-        self.memo = None  # kopf's memo of the running operator (its caches, the measurement loop)
+        self.operator: KopfThread | None = None
+        self.memo: Any = None  # kopf's memo of the running operator (its caches, the measurement loop)
 
     def start(self, resync_s: float = 300, settings_hook: Callable[[Any], None] | None = None,
               lease: Any = None, **memo: Any):
@@ -244,16 +244,16 @@ class OperatorCluster:
         import kopf
 
         from kata_sizing.controller import handlers, worker
-        from tests.support.harness import KopfThread
 
         assert self.operator is None, "the operator is already running"
+        assert self.emu.kubeconfig is not None
         # Read as each pass ends; set here, so a short one never leaks into other tests.
         self._monkeypatch.setattr(worker, "RESYNC_INTERVAL_S", resync_s)
-        self.operator = KopfThread(self.emu.kubeconfig, registry=handlers.build_registry(),
-                                   settings_hook=settings_hook, memo=kopf.Memo(lease=lease, **memo))
-        self.memo = self.operator.memo
-        self.operator.start()
-        return self.operator
+        operator = self.operator = KopfThread(self.emu.kubeconfig, registry=handlers.build_registry(),
+                                              settings_hook=settings_hook, memo=kopf.Memo(lease=lease, **memo))
+        self.memo = operator.memo
+        operator.start()
+        return operator
 
     def stop(self) -> None:
         operator, self.operator = self.operator, None

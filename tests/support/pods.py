@@ -5,6 +5,7 @@ the same pods."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kata_sizing.core import podfit
 
@@ -12,7 +13,7 @@ GI = 1024**3
 MI = 1024**2
 
 # Two classes with different CPU and memory steps, and a namespace scope.
-POLICY = {
+POLICY: dict[str, Any] = {
     "apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy",
     "metadata": {"name": "fit"},
     "spec": {

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -122,17 +123,17 @@ class ControlPlane:
         # Stopped by the kernel if the test session dies without tearing down (a killed pytest
         # left the whole control plane running, holding its ports).
         orphan_guard = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             [*orphan_guard, str(BINARY), "--dir", str(self.state), "--etcd-port", str(self.etcd_port),
              "--apiserver-port", str(self.api_port), "--address", self.address, "--sa-user", OPERATOR_USER,
              "--", *self.apiserver_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
-        poll(lambda: self.process.poll() is not None or b"controlplane ready" in self.log_path.read_bytes(),
+        poll(lambda: process.poll() is not None or b"controlplane ready" in self.log_path.read_bytes(),
              timeout, "the control plane printed 'controlplane ready'", interval=0.2)
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the control plane exited ({self.process.returncode}):\n{self.log_tail()}")
+        if process.poll() is not None:
+            raise RuntimeError(f"the control plane exited ({process.returncode}):\n{self.log_tail()}")
         self._ssl = ssl.create_default_context(cafile=str(self.state / "ca.crt"))
         self._admin_token = (self.state / "admin.token").read_text().strip()
         # JSON (which is YAML): every string quoted, so a hex token like 1234e5678 is never read as
@@ -169,6 +170,7 @@ class ControlPlane:
     def compact_etcd(self) -> None:
         """Compact etcd at its current revision: every watch from an older revision gets 410 Gone."""
         before = self.log_path.read_bytes().count(b"compacted etcd")
+        assert self.process is not None, "the control plane is not running"
         self.process.send_signal(signal.SIGUSR1)
         poll(lambda: self.log_path.read_bytes().count(b"compacted etcd") > before, 10, "etcd compacted")
 
@@ -199,8 +201,14 @@ class ControlPlane:
                 return None
             raise
 
+    def read(self, path: str) -> dict:
+        """A GET of an object the test needs there: its absence fails the test, saying which."""
+        found = self.get(path)
+        assert found is not None, f"{path} does not exist"
+        return found
+
     def items(self, path: str, label_selector: str | None = None) -> dict[str, dict]:
-        query = f"?labelSelector={urllib.request.quote(label_selector)}" if label_selector else ""
+        query = f"?labelSelector={urllib.parse.quote(label_selector)}" if label_selector else ""
         return {o["metadata"]["name"]: o for o in self.request("GET", path + query)["items"]}
 
     def create(self, path: str, body: dict) -> dict:

@@ -136,9 +136,9 @@ class OperatorOptions:
     webhook: tuple[int, Path, Path] | None = None  # (port, certificate, key) on 127.0.0.1
 
 
-def operator_command(opts: OperatorOptions) -> tuple[list[str], dict[str, str]]:
-    """`kata-sizing operator`'s arguments and environment for the options: its JSON log, and
-    /metrics (on a port of its own unless one is given)."""
+def operator_command(opts: OperatorOptions) -> list[str]:
+    """`kata-sizing operator`'s arguments for the options: its JSON log, and /metrics (on a port of
+    its own unless one is given)."""
     args = ["--log-format", "json", "--metrics-port", str(opts.metrics_port or free_port()),
             "--metrics-addr", "127.0.0.1"]
     if opts.lease is not None:
@@ -148,7 +148,11 @@ def operator_command(opts: OperatorOptions) -> tuple[list[str], dict[str, str]]:
         port, cert, key = opts.webhook
         args += ["--webhook-port", str(port), "--webhook-addr", "127.0.0.1",
                  "--webhook-cert", str(cert), "--webhook-key", str(key)]
-    return args, {"POD_NAME": opts.identity}
+    return args
+
+
+def _guidance_s(opts: OperatorOptions) -> float:
+    return 1.0 if opts.guidance_s is None else opts.guidance_s  # the operator process's default in the tests
 
 
 WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -198,6 +202,12 @@ class Kube(ABC):
     @abstractmethod
     def delete(self, kind: Kind, name: str, namespace: str | None = None) -> None: ...
 
+    def read(self, kind: Kind, name: str, namespace: str | None = None) -> dict:
+        """`get` of an object the test needs there: its absence fails the test, saying which."""
+        found = self.get(kind, name, namespace)
+        assert found is not None, f"{kind.plural} {name} does not exist"
+        return found
+
     def edit(self, kind: Kind, name: str, change: Callable[[dict], Any], namespace: str | None = None) -> dict:
         """A hand edit (`kubectl edit`): read, change, write back with the resourceVersion read."""
         body = self.get(kind, name, namespace)
@@ -226,6 +236,9 @@ class Kube(ABC):
     def wait_observed(self, name: str, timeout: float | None = None, **expected: str) -> dict:
         """Wait until status is for the policy's current generation and each condition named has
         the status given (`Ready="True"`); the status."""
+        return self._wait_conditions(name, timeout, expected)
+
+    def _wait_conditions(self, name: str, timeout: float | None, expected: dict[str, str]) -> dict:
         def done() -> dict | None:
             body = self.policy(name) or {}
             found = body.get("status") or {}
@@ -244,7 +257,7 @@ class Kube(ABC):
         go quiet; the policy as it is then."""
         self.create(POLICIES, body)
         name = body["metadata"]["name"]
-        self.wait_observed(name, **(expected or {"Ready": "True"}))
+        self._wait_conditions(name, None, expected or {"Ready": "True"})
         self.settle()
         policy = self.policy(name)
         assert policy is not None
@@ -265,11 +278,10 @@ class Kube(ABC):
         stopped with the test. Its requests carry `kata-sizing/<identity>_<suffix>` as their
         User-Agent."""
         opts = OperatorOptions(**{"lease": LeaseTimings(), **options, "identity": identity})
-        args, env = operator_command(opts)
-        guidance = {} if opts.guidance_s is None else {"guidance_s": opts.guidance_s}
         process = self._process(self.workdir / identity)
         self._replicas.append(process)
-        process.start(*args, resync_s=opts.resync_s, **guidance, **env)
+        process.start(*operator_command(opts), resync_s=opts.resync_s, guidance_s=_guidance_s(opts),
+                      POD_NAME=opts.identity)
         return process
 
     @abstractmethod
@@ -323,7 +335,7 @@ class Kube(ABC):
         """How many passes the operator has run for `trigger` (kata_sizing_reconciles_total over
         every result and policy: compare two readings)."""
 
-    def wait_for(self, predicate: Callable[[], T], timeout: float | None = None,
+    def wait_for(self, predicate: Callable[[], T | None], timeout: float | None = None,
                  message: str | Callable[[], str] = "") -> T:
         return wait_for(predicate, timeout or self.timeout_s, message)
 
@@ -555,10 +567,9 @@ class RealKube(Kube):
 
     def start(self, **options: Any) -> None:
         opts = OperatorOptions(**options)
-        args, env = operator_command(opts)
+        args = operator_command(opts)
         self.metrics_port = int(args[args.index("--metrics-port") + 1])  # `passes` reads it
-        guidance = {} if opts.guidance_s is None else {"guidance_s": opts.guidance_s}
-        self.operator.start(*args, resync_s=opts.resync_s, **guidance, **env)
+        self.operator.start(*args, resync_s=opts.resync_s, guidance_s=_guidance_s(opts), POD_NAME=opts.identity)
 
     def stop(self) -> None:
         self.operator.stop()
@@ -645,7 +656,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `tiers` mark on one parameter of a scenario (pytest.param(..., marks=...)) keeps that case
     to its tiers: the runs on the others are deselected, not skipped."""
-    kept, dropped = [], []
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         tier = getattr(getattr(item, "callspec", None), "params", {}).get("kube")
         allowed = [set(m.args) for m in item.iter_markers("tiers")]
@@ -674,10 +686,10 @@ def kube(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
         # The real_operator fixture's teardown deletes the test's policies, stops the operator,
         # removes what is left and fails on any 403 the operator met.
         operator: RealOperator = request.getfixturevalue("real_operator")
-        tier = RealKube(request.getfixturevalue("control_plane"), operator, tmp_path)
+        real = RealKube(request.getfixturevalue("control_plane"), operator, tmp_path)
         try:
-            yield tier
+            yield real
         finally:
-            tier.stop_replicas()
-            tier.remove_created()
+            real.stop_replicas()
+            real.remove_created()
 

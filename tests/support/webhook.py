@@ -133,6 +133,7 @@ def webhook(tmp_path) -> Iterator[Webhook]:
     port = free_port()
     options = WebhookOptions(port=port, certfile=str(cert), pkeyfile=str(key), addr="127.0.0.1")
     with running_emulator(tmp_path) as emu:
+        assert emu.kubeconfig is not None
         operator = KopfThread(emu.kubeconfig, registry=build_registry(admission=True),
                               settings_hook=lambda settings: configure_webhook(settings, options))
         with operator:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ from kata_sizing.cli import load_policies, main
 from kata_sizing.core import defaults
 from kata_sizing.core.audit import (
     AuditError,
+    CheckedClass,
     Rule,
     Severity,
     audit_runtime_classes,
@@ -24,6 +26,7 @@ from kata_sizing.core.audit import (
 from kata_sizing.core.defaults import Runtime
 from kata_sizing.core.quantity import MIB
 from kata_sizing.core.render import render_policy
+from kata_sizing.core.rules import KataConfig
 from tests.support.paths import EXAMPLES, FIXTURES
 
 AUDIT_FIXTURES = FIXTURES / "audit"
@@ -33,6 +36,12 @@ LIVE = AUDIT_FIXTURES / "runtimeclasses.yaml"
 
 HOST_MIB = defaults.OVERHEAD_DEFAULTS[defaults.Family.STANDARD].host_memory_mib
 
+
+
+def kata_of(checked: CheckedClass) -> KataConfig:
+    """The Kata configuration of a RuntimeClass the audit could read."""
+    assert checked.kata is not None, f"{checked.name}'s drop-in was not read"
+    return checked.kata
 
 def _load(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
@@ -98,7 +107,7 @@ def test_chart_defaults_every_enabled_shim_is_checked_and_remote_is_not() -> Non
     # Shims that set no overhead get the chart's built-in podFixed table.
     qemu = next(c for c in report.checked if c.name == "kata-qemu")
     assert (qemu.pod_fixed_memory_bytes, qemu.pod_fixed_cpu) == (320 * MIB, Decimal("0.25"))
-    assert qemu.kata.default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    assert kata_of(qemu).default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
 
 
 def test_chart_defaults_go_shims_are_under_accounted() -> None:
@@ -193,7 +202,7 @@ def test_inherit_base_overhead_merges_the_base_shims_default_under_the_given_one
     inherited, alone = checked["kata-inherited"], checked["kata-not-inherited"]
     assert (inherited.pod_fixed_memory_bytes, inherited.pod_fixed_cpu) == (320 * MIB, Decimal("0.25"))
     assert (alone.pod_fixed_memory_bytes, alone.pod_fixed_cpu) == (320 * MIB, None)
-    assert inherited.kata.overhead_memory_mib == 256 and inherited.kata.from_drop_in >= {"overhead_memory"}
+    assert kata_of(inherited).overhead_memory_mib == 256 and kata_of(inherited).from_drop_in >= {"overhead_memory"}
 
 
 def test_shim_overhead_override_is_merged_per_key_over_the_chart_table() -> None:
@@ -249,7 +258,7 @@ def test_a_hypervisor_table_the_shim_does_not_read_is_an_error_and_its_keys_are_
     drop_in = "[hypervisor.clh]\ndefault_memory = 256\n[runtime]\nsandbox_cgroup_only = true\n"
     report = audit_values(_one_shim("qemu", dropIn=drop_in, runtimeClass={"overhead": {"memory": "306Mi"}}), [])
     # The qemu shim sizes its VM from [hypervisor.qemu]: the shipped 2048 MiB stays.
-    assert report.checked[0].kata.default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    assert kata_of(report.checked[0]).default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
     assert {(f.severity, f.rule) for f in report.findings} == {
         (Severity.ERROR, Rule.HYPERVISOR_SECTION_IGNORED), (Severity.ERROR, Rule.GO_POD_FIXED_MEMORY),
     }
@@ -262,8 +271,8 @@ def test_go_default_memory_below_the_runtimes_minimum_is_replaced_by_2048() -> N
     values = _one_shim("qemu", dropIn=_drop_in(default_memory=200, sandbox_cgroup_only=True),
                        runtimeClass={"overhead": {"memory": "250Mi"}})
     report = audit_values(values, [])
-    assert report.checked[0].kata.default_memory_mib == 200
-    assert report.checked[0].kata.effective_default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
+    assert kata_of(report.checked[0]).default_memory_mib == 200
+    assert kata_of(report.checked[0]).effective_default_memory_mib == defaults.SHIPPED_DEFAULT_MEMORY_MIB
     # The same severity as `validate` gives it: one rule set.
     assert {(f.severity, f.rule) for f in report.findings} == {
         (Severity.ERROR, Rule.GO_DEFAULT_MEMORY_IGNORED), (Severity.ERROR, Rule.GO_POD_FIXED_MEMORY),
@@ -282,7 +291,7 @@ def test_go_overhead_keys_are_ignored_with_a_note() -> None:
     values = _one_shim("qemu", dropIn=_drop_in(default_memory=256, overhead_memory=900, sandbox_cgroup_only=True),
                        runtimeClass={"overhead": {"memory": "306Mi"}})
     report = audit_values(values, [])
-    assert report.findings == [] and report.checked[0].kata.overhead_memory_mib is None
+    assert report.findings == [] and kata_of(report.checked[0]).overhead_memory_mib is None
     assert any("Go runtime" in n for n in report.notes)
 
 
@@ -366,7 +375,7 @@ def test_values_rendered_by_kata_sizing_pass() -> None:
     report = audit_values(_rendered_values("qemu-runtime-rs.yaml"), [])
     assert report.findings == []
     assert [c.name for c in report.checked] == [f"kata-qemu-rs-{c}" for c in ("s", "m", "l", "xl")]
-    assert all(c.source == "custom-runtime" and c.kata.sandbox_cgroup_only for c in report.checked)
+    assert all(c.source == "custom-runtime" and kata_of(c).sandbox_cgroup_only for c in report.checked)
 
 
 def test_cli_good_values_exit_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -433,7 +442,7 @@ def test_runtime_classes_disabled_in_the_chart_are_audited_only_through_live_obj
 
 
 def test_audit_runtime_classes_for_the_operator() -> None:
-    live = [
+    live: list[Any] = [  # junk among them on purpose
         {"kind": "RuntimeClass", "metadata": {"name": "kata-qemu"}, "handler": "kata-qemu",
          "overhead": {"podFixed": {"memory": "320Mi", "cpu": "250m"}}},
         {"kind": "RuntimeClass", "metadata": {"name": "kata-qemu-rs-s"}, "handler": "kata-qemu-rs-s"},
@@ -465,8 +474,8 @@ def test_audit_runtime_classes_for_the_operator() -> None:
     {"runtimeClasses": "x", "env": [], "defaultShim": 3},
 ])
 def test_junk_values_never_raise(values: dict) -> None:
-    report = audit_values(values, [{"kind": "RuntimeClass", "handler": "kata-qemu", "overhead": {"podFixed": 5}},
-                                   {"handler": 3}, None])
+    junk: list[Any] = [{"kind": "RuntimeClass", "handler": "kata-qemu", "overhead": {"podFixed": 5}}, {"handler": 3}, None]
+    report = audit_values(values, junk)
     json.dumps(report.as_dict())
 
 

@@ -10,14 +10,19 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any, cast
+
+import kopf
 
 from kata_sizing.controller import gather, handlers, metrics, retry, worker
 from kata_sizing.controller.cluster import summarize_node
-from kata_sizing.controller.informer import Informer, slim_child
+from kata_sizing.controller.informer import ChildCache, Informer, slim_child
 from kata_sizing.controller.measurement import Clock, MeasuredPolicy, MeasurementLoop
 from kata_sizing.controller.plan import APPLY, GUIDANCE
 from kata_sizing.controller.state import OperatorState, PolicyRecord
+from kata_sizing.controller.workqueue import WorkQueue
 from kata_sizing.core.headroom import HeadroomThreshold
 from kata_sizing.core.measure import KataPod
 from tests.support.policies import example
@@ -51,18 +56,18 @@ async def _stop(task: asyncio.Task) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def _raising_once(real):
-    """`real`, except that its first call raises."""
-    calls = []
+class RaisingOnce:
+    """`real`, except that its first call raises; `calls` holds each call's arguments."""
 
-    def call(*args, **kwargs):
-        calls.append(args)
-        if len(calls) == 1:
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.calls: list[tuple] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(args)
+        if len(self.calls) == 1:
             raise RuntimeError("injected")
-        return real(*args, **kwargs)
-
-    call.calls = calls
-    return call
+        return self.real(*args, **kwargs)
 
 
 class Queue:
@@ -79,13 +84,15 @@ def _ready() -> asyncio.Event:
     return event
 
 
-def _state() -> OperatorState:
-    """No RuntimeClass, node or pod yet, every cache synced; a queue that records what is added."""
-    cache = lambda: SimpleNamespace(synced=_ready(), version=0, items={})  # noqa: E731
-    children = SimpleNamespace(runtime_classes=cache(), all_runtime_classes=list, informers=list)
+def _state() -> tuple[OperatorState, Queue]:
+    """No RuntimeClass, node or pod yet, every cache synced; the queue, which records what is added."""
+    def cache() -> Any:  # what a pass reads of an informer: synced, its version, its items
+        return SimpleNamespace(synced=_ready(), version=0, items={})
+    children = cast(ChildCache, SimpleNamespace(runtime_classes=cache(), all_runtime_classes=list, informers=list))
+    queue = Queue()
     state = OperatorState(api=None, admission_versions={}, children=children, nodes=cache(), pods=cache())
-    state.work = Queue()
-    return state
+    state.work = cast(WorkQueue, queue)
+    return state, queue
 
 
 def _body() -> dict:
@@ -99,35 +106,27 @@ def test_the_guidance_check_goes_on_after_a_raise_and_queues_a_node_change(monke
     before = _failures("guidance-check")
 
     async def main() -> None:
-        state = _state()
+        state, queue = _state()
         record = state.records[NAME] = PolicyRecord(NAME, _body())
-        record.inputs = await gather.pass_inputs(state, record.body)  # what its last pass read: no node
-        real = worker.guidance_due
-
-        async def raising_once(state, record):
-            raising_once.calls += 1
-            if raising_once.calls == 1:
-                raise RuntimeError("injected")
-            return await real(state, record)
-
-        raising_once.calls = 0
+        record.inputs = await gather.pass_inputs(state, record.body or {})  # what its last pass read: no node
+        raising_once = RaisingOnce(worker.guidance_due)  # its first call raises before it awaits anything
         monkeypatch.setattr(worker, "guidance_due", raising_once)
         task = asyncio.create_task(retry.keep_running("guidance-check", lambda: worker.watch_guidance(state)))
-        await _until(lambda: raising_once.calls >= 1)
+        await _until(lambda: len(raising_once.calls) >= 1)
         state.nodes.items["n1"] = summarize_node({
             "metadata": {"name": "n1", "labels": {"katacontainers.io/kata-runtime": "true"}},
             "status": {"capacity": {"memory": "256Gi", "cpu": "64"}, "allocatable": {"memory": "250Gi", "cpu": "63"}}})
         state.nodes.version += 1
-        await _until(lambda: (NAME, GUIDANCE) in state.work.added)
+        await _until(lambda: (NAME, GUIDANCE) in queue.added)
         await _stop(task)
-        assert state.work.added == [(NAME, GUIDANCE)]
+        assert queue.added == [(NAME, GUIDANCE)]
 
     asyncio.run(main())
     _said_once(caplog, "guidance-check")
     assert _failures("guidance-check") - before == 1
 
 
-def test_the_measurement_loop_goes_on_after_a_raise_and_reads_the_nodes_again(caplog):
+def test_the_measurement_loop_goes_on_after_a_raise_and_reads_the_nodes_again(monkeypatch, caplog):
     before = _failures("measurement")
     now = [0.0]
     reads: list[tuple[float, str]] = []
@@ -142,9 +141,10 @@ def test_the_measurement_loop_goes_on_after_a_raise_and_reads_the_nodes_again(ca
         loop = MeasurementLoop(read, pods, clock=Clock(now=lambda: now[0], speed=1e9))
         loop.configure(MeasuredPolicy(name="p", ref={}, classes={"kata-p-s": ("s", 400 * MIB, 350 * MIB)}, interval_s=60.0,
                                       window_s=600.0, threshold=HeadroomThreshold(), threshold_text="10%"), "p")
-        loop._publish_due = _raising_once(loop._publish_due)
+        publish_due = RaisingOnce(loop._publish_due)
+        monkeypatch.setattr(loop, "_publish_due", publish_due)
         task = asyncio.create_task(retry.keep_running("measurement", loop.run))
-        await _until(lambda: loop._publish_due.calls)
+        await _until(lambda: publish_due.calls)
         raised_at = now[0]
 
         def tick() -> None:
@@ -189,7 +189,7 @@ def test_a_watch_whose_consumer_raises_goes_on_and_tells_the_change_again(caplog
     async def main() -> None:
         api = Collection([_pod("1", "1Gi")])
         told: list[tuple[object, object]] = []
-        consumer = _raising_once(lambda key, old, new: told.append((old["spec"]["memory"], new["spec"]["memory"])))
+        consumer = RaisingOnce(lambda key, old, new: told.append((old["spec"]["memory"], new["spec"]["memory"])))
         informer = Informer(api, "Pod", slim_child("Pod"), on_change=consumer)
         task = asyncio.create_task(retry.keep_running("pods-informer", informer.run))
         await _until(informer.synced.is_set)
@@ -207,15 +207,16 @@ def test_a_watch_whose_consumer_raises_goes_on_and_tells_the_change_again(caplog
 
 def test_a_policy_event_whose_handling_raises_is_taken_again(monkeypatch, caplog):
     before = _failures(worker.POLICY_WATCH)
-    monkeypatch.setattr(worker, "policy_seen", _raising_once(worker.policy_seen))
+    monkeypatch.setattr(worker, "policy_seen", RaisingOnce(worker.policy_seen))
 
     async def main() -> None:
-        state = _state()
+        state, queue = _state()
         body = _body()
-        await handlers.policy_event(type=None, body=body, memo=SimpleNamespace(state=state))
-        assert NAME not in state.records and state.work.added == []
-        await _until(lambda: state.work.added)
-        assert state.work.added == [(NAME, APPLY)] and state.records[NAME].body == body and not state.unseen
+        # kopf hands the handler the policy as a Body and its memo; a dict and a namespace read alike.
+        await handlers.policy_event(type=None, body=cast(kopf.Body, body), memo=cast(kopf.Memo, SimpleNamespace(state=state)))
+        assert NAME not in state.records and queue.added == []
+        await _until(lambda: queue.added)
+        assert queue.added == [(NAME, APPLY)] and state.records[NAME].body == body and not state.unseen
 
     asyncio.run(main())
     _said_once(caplog, worker.POLICY_WATCH)
@@ -223,15 +224,15 @@ def test_a_policy_event_whose_handling_raises_is_taken_again(monkeypatch, caplog
 
 
 def test_a_newer_policy_event_taken_meanwhile_is_not_undone_by_the_retry(monkeypatch, caplog):
-    monkeypatch.setattr(worker, "policy_seen", _raising_once(worker.policy_seen))
+    monkeypatch.setattr(worker, "policy_seen", RaisingOnce(worker.policy_seen))
 
     async def main() -> None:
-        state = _state()
+        state, queue = _state()
         first, newer = _body(), _body()
         newer["metadata"]["generation"] = 2
         worker.policy_watched(state, None, first)
         worker.policy_watched(state, "MODIFIED", newer)
         await asyncio.sleep(0.3)  # past the retry's back-off (at most 0.2 s)
-        assert state.records[NAME].body is newer and state.work.added == [(NAME, APPLY)]
+        assert state.records[NAME].body is newer and queue.added == [(NAME, APPLY)]
 
     asyncio.run(main())

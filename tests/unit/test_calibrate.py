@@ -28,12 +28,19 @@ def _survey() -> list[Sample]:
     return parse_samples_csv(SURVEY.read_text())
 
 
+def _points(samples) -> list[tuple[Fraction, Fraction]]:
+    """(the VM's nominal MiB, what it kept from the workload) of samples that each say both."""
+    points = [(Fraction(s.vm_nominal_mib), s.unusable_mib) for s in samples]
+    assert all(y is not None for _, y in points), points
+    return [(x, y) for x, y in points if y is not None]
+
+
 def _least_squares_band(points: list[tuple[Fraction, Fraction]]) -> Fraction:
     n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum(
-        (x - mean_x) ** 2 for x, _ in points
+    mean_x = sum((x for x, _ in points), Fraction(0)) / n
+    mean_y = sum((y for _, y in points), Fraction(0)) / n
+    slope = sum(((x - mean_x) * (y - mean_y) for x, y in points), Fraction(0)) / sum(
+        ((x - mean_x) ** 2 for x, _ in points), Fraction(0)
     )
     residuals = [y - (mean_y + slope * (x - mean_x)) for x, y in points]
     return max(residuals) - min(residuals)
@@ -53,7 +60,7 @@ def _lp_optimum(points: list[tuple[Fraction, Fraction]]) -> Fraction:
                 ratio = (y2 - y1) / (x2 - x1)
                 candidates.append((ratio, y1 - ratio * x1))
     feasible = [
-        sum(base + ratio * x - y for x, y in points)
+        sum((base + ratio * x - y for x, y in points), Fraction(0))
         for ratio, base in candidates
         if ratio >= 0 and all(base + ratio * x >= y for x, y in constraints)
     ]
@@ -103,7 +110,7 @@ def test_survey_fit_covers_every_sample_and_is_not_loose() -> None:
     """
     samples = _survey()
     fit = fit_overhead(samples)
-    points = [(Fraction(s.vm_nominal_mib), s.unusable_mib) for s in samples]
+    points = _points(samples)
     spread = _least_squares_band(points)
     for (x, y), residual in zip(points, fit.residuals_mib, strict=True):
         assert fit.base_mib + Fraction(fit.ratio) * x - y == Fraction(residual)
@@ -376,7 +383,7 @@ def test_noisy_data_stays_covered_and_tight(samples: list[Sample]) -> None:
     Rounding base up costs under 1 MiB per sample and rounding ratio up under 1e-4 * V.
     """
     fit = fit_overhead(samples)
-    points = [(Fraction(s.vm_nominal_mib), s.unusable_mib) for s in samples]
+    points = _points(samples)
     residuals = [fit.base_mib + Fraction(fit.ratio) * x - y for x, y in points]
     assert residuals == [Fraction(r) for r in fit.residuals_mib]
     assert all(r >= 0 for r in residuals)

@@ -193,7 +193,7 @@ def test_the_chart_creates_the_shared_admission_policies_the_server_serves(helm:
     objects = [o for o in template(helm, *args) if o["kind"] in (VAP, MAP, VAPB, MAPB)]
     assert sorted(o["kind"] for o in objects) == kinds
     # As `kata-sizing render --shared` prints them (an install and upgrade add Helm's own marks).
-    shared = by_key(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text()))
+    shared = by_key(list(yaml.safe_load_all((CHART / "files" / "admission-policies.yaml").read_text())))
     for obj in objects:
         assert obj == shared[obj["kind"], obj["metadata"]["name"]]
 

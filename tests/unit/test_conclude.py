@@ -49,10 +49,12 @@ def _body(**spec) -> dict:
 
 BODY = _body()
 INTENT = intent_of(BODY)
+assert INTENT.desired is not None  # a valid policy: what it wants is known
+DESIRED = INTENT.desired
 
 
 def _live() -> dict:
-    live = copy.deepcopy(INTENT.desired.owned[M])
+    live = copy.deepcopy(DESIRED.owned[M])
     live["metadata"].update(uid="u1", resourceVersion="7")
     live["overhead"]["podFixed"]["memory"] = "1Mi"
     return live
@@ -65,7 +67,7 @@ def _action(what: str, drift: bool) -> Action:
     reason = {Verb.REPLACE: Reason.DIFFERS, Verb.REPORT: Reason.DIFFERS, Verb.MISSING: Reason.CHART_MISSING,
               Verb.CONFLICT: Reason.FOREIGN, Verb.NOTHING: Reason.IN_SYNC}[verb]
     have = None if verb is Verb.MISSING else _live()
-    return Action(verb, M, reason, want=INTENT.desired.owned[M], have=have, differences=("overhead.podFixed",),
+    return Action(verb, M, reason, want=DESIRED.owned[M], have=have, differences=("overhead.podFixed",),
                   drift=drift, guarded=verb is Verb.MISSING)
 
 
@@ -83,11 +85,11 @@ def _conclude(actions=(), results=None, **gathered) -> st.Conclusion:
 # --- one action's outcome ----------------------------------------------------------------------------
 
 LINES = ("conflicts", "missing", "drifted", "refused", "failed")
-NOTHING_SAID = ({}, [], {}, cond.REASON_IN_SYNC)
+NOTHING_SAID: tuple[dict[str, list[str]], list[tuple[str, str, str]], dict[str, int], str] = ({}, [], {}, cond.REASON_IN_SYNC)
 
 # (a write or the verb of an action writing nothing, the executor's result, undoes a hand edit) ->
 # (the status's lines, the events, the drift counters added, the InSync reason).
-EXPECTED = {
+EXPECTED: dict[tuple[str, str | None, bool], tuple[dict[str, list[str]], list[tuple[str, str, str]], dict[str, int], str]] = {
     (W, DONE, True): ({}, [("Normal", cond.EVENT_DRIFT_CORRECTED,
                             f"{RC_M} was changed by hand (overhead.podFixed); updated from the policy")],
                       {"driftCorrections": 1}, cond.REASON_IN_SYNC),

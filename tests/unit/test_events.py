@@ -142,6 +142,7 @@ def _pass(who: str, live_m: str, drift_policy: str, why: str, result: str | None
     assert {a.key for a in plan.actions} <= {M}, plan.actions
     outcome = Outcome()
     for action in plan.writes:
+        assert result is not None, "a pass that writes has a result for each write"
         text = LANDED[action.verb.value] if result == DONE else NOT_LANDED[result]
         outcome.results[action.key] = Result(result, text)
         if result == DONE:

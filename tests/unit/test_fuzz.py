@@ -98,6 +98,7 @@ def test_what_render_writes_parses_back_to_the_same_numbers(document):
 def _run(argv: list[str], reported_on_stdout: bool = False) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code: int | str | None
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse: a usage error

@@ -28,7 +28,7 @@ def test_the_login_uses_the_kubernetes_service_address_from_the_environment(
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
     info = handlers.login_in_cluster(settings=kopf.OperatorSettings())
-    assert info.server == server
+    assert info is not None and info.server == server
     # Everything else is kopf's: the token, the CA and the namespace of the ServiceAccount.
     assert (info.token, info.ca_path, info.default_namespace) == ("token-of-the-pod", "/ca.crt", "kata-sizing")
 
@@ -37,7 +37,8 @@ def test_without_the_service_environment_kopfs_own_address_stays(
         service_account: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
-    assert handlers.login_in_cluster(settings=kopf.OperatorSettings()).server == "https://kubernetes.default.svc"
+    info = handlers.login_in_cluster(settings=kopf.OperatorSettings())
+    assert info is not None and info.server == "https://kubernetes.default.svc"
 
 
 def test_outside_a_pod_there_is_no_service_account_login(monkeypatch: pytest.MonkeyPatch) -> None:

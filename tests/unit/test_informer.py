@@ -140,11 +140,17 @@ def test_kopfs_tracebacks_of_the_policies_watch_meeting_404_are_dropped_and_othe
 
     from kata_sizing.controller.operator_main import PoliciesGoneFilter, policies_gone
 
+    class KopfApiError(RuntimeError):
+        status: int  # as kopf's API errors carry it
+
+    class ResponseError(RuntimeError):
+        request_info: SimpleNamespace  # as aiohttp's response error carries it
+
     def error(status: int, url: str) -> Exception:
-        exc = RuntimeError(f"{status} page not found")
-        exc.status = status  # as kopf's API errors carry it
-        cause = RuntimeError("Not Found")
-        cause.request_info = SimpleNamespace(url=url)  # as aiohttp's response error carries it
+        exc = KopfApiError(f"{status} page not found")
+        exc.status = status
+        cause = ResponseError("Not Found")
+        cause.request_info = SimpleNamespace(url=url)
         exc.__cause__ = cause
         return exc
 

@@ -54,8 +54,8 @@ def _imports_in(text: str, module: str, is_package: bool = False, filename: str 
             found.add(target)
             # `from . import podfit` imports the module kata_sizing.core.podfit.
             found.update(f"{target}.{alias.name}" for alias in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
 
     visit(ast.parse(text, filename))
     return found

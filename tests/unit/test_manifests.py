@@ -422,7 +422,7 @@ def test_dockerfile_base_images_are_pinned_and_identical() -> None:
 
 
 def dockerfile_labels() -> dict[str, str]:
-    labels = {}
+    labels: dict[str, str] = {}
     for keyword, rest in dockerfile_instructions():
         if keyword == "LABEL":
             labels.update(re.findall(r'(\S+)="([^"]*)"', rest))

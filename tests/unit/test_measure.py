@@ -417,8 +417,8 @@ def fake_measurement(name: str, overhead: int, headroom: int | None, runtime_cla
     limit = None if headroom is None else 600 * MIB
     kata = KataPod(uid=name, pod=f"ns/{name}", runtime_class=runtime_class, node="n1",
                    memory_limit_bytes=limit, pod_fixed_memory_bytes=pod_fixed, containers=("c",))
-    cgroup = (limit + pod_fixed) if limit is not None else None
-    working_set = (cgroup - headroom) if cgroup is not None else 500 * MIB
+    # A pod without a memory limit has no cgroup limit and no headroom to measure.
+    working_set = 500 * MIB if limit is None or headroom is None else limit + pod_fixed - headroom
     return PodMeasurement(kata, working_set, working_set, working_set - overhead)
 
 

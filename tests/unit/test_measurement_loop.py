@@ -45,7 +45,7 @@ def policy() -> MeasuredPolicy:
 
 
 def run(nodes: int, until_s: float, step_s: float = 0.25, stall_at: float | None = None, stall_s: float = 0.0,
-        hang: set[str] = frozenset()) -> list[tuple[float, str]]:
+        hang: frozenset[str] = frozenset()) -> list[tuple[float, str]]:
     """Run the loop on a fake clock from 0 to `until_s`; the loop may be kept from running for
     `stall_s` seconds from `stall_at` (an operator busy elsewhere). Returns (time, node) of each read."""
     now = [0.0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from kata_sizing.controller.cluster import facts_for_nodes, summarize_node, summarize_pod
+from kata_sizing.core.guidance import NodeFacts
 from kata_sizing.core.quantity import MIB
 
 NODE = {"metadata": {"name": "node-a", "labels": {"katacontainers.io/kata-runtime": "true"}},
@@ -24,9 +25,11 @@ def pod(name: str, *, requests: dict | None = None, runtime_class: str | None = 
     return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec, "status": {"phase": phase}}
 
 
-def facts(*pods: dict):
+def facts(*pods: dict) -> NodeFacts:
     summaries = [s for s in map(summarize_pod, pods) if s is not None]
-    (node,) = facts_for_nodes([summarize_node(NODE)], {"node-a": summaries},
+    summary = summarize_node(NODE)
+    assert summary is not None
+    (node,) = facts_for_nodes([summary], {"node-a": summaries},
                               {"katacontainers.io/kata-runtime": "true"}, {"kata-node-s"})
     return node
 

@@ -212,7 +212,7 @@ def test_calibrate_prints_no_block_a_policy_refuses(capsys, tmp_path, current, m
 
 
 def _svg_gids(path) -> set[str]:
-    return {element.get("id") for element in ElementTree.parse(path).iter() if element.get("id")}
+    return {gid for element in ElementTree.parse(path).iter() if (gid := element.get("id"))}
 
 
 def _points(group) -> list[tuple[float, float]]:

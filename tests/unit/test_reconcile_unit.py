@@ -10,7 +10,9 @@ import copy
 import inspect
 import itertools
 import uuid
+from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any, cast
 
 import jsonpatch
 import pytest
@@ -19,8 +21,9 @@ from kata_sizing.controller import compare, metrics
 from kata_sizing.controller import conditions as cond
 from kata_sizing.controller import reconcile as rc
 from kata_sizing.controller import status as st
+from kata_sizing.controller.events import EventSink
 from kata_sizing.controller.execute import WRITES_PER_PASS
-from kata_sizing.controller.informer import HeldNames
+from kata_sizing.controller.informer import ChildCache, HeldNames, Informer
 from kata_sizing.controller.kinds import ADMISSION_KINDS, obj_key, policy_key
 from kata_sizing.controller.kube import Conflict, Invalid, KubeApi, NotFound, PermanentApiError, TransientApiError
 from kata_sizing.controller.plan import build_desired
@@ -207,9 +210,12 @@ def _set_event() -> asyncio.Event:
 def make_state(api: FakeApi) -> OperatorState:
     """No node and no pod in the cluster (so node guidance is rendered for no node, and the pod
     audit finds nothing), every admission kind served."""
-    idle = lambda: SimpleNamespace(synced=_set_event(), version=0, items={}, collection="idle")  # noqa: E731
-    return OperatorState(api=api, admission_versions={k: "v1" for k in ADMISSION_KINDS},
-                         children=FakeChildren(api), nodes=idle(), pods=idle(), events=Sink())
+    def idle() -> Informer:  # what a pass reads of an informer: synced, its version, its items
+        return cast(Informer, SimpleNamespace(synced=_set_event(), version=0, items={}, collection="idle"))
+    # The fakes stand for the caches and the event poster by the attributes a pass reads.
+    return OperatorState(api=cast(KubeApi, api), admission_versions={k: "v1" for k in ADMISSION_KINDS},
+                         children=cast(ChildCache, FakeChildren(api)), nodes=idle(), pods=idle(),
+                         events=cast(EventSink, Sink()))
 
 
 class Sink:
@@ -259,15 +265,17 @@ def seen(state: OperatorState, body: dict) -> PolicyRecord:
 async def pass_of(state: OperatorState, trigger: str, sink: Sink | None = None, landed: list | None = None):
     """A pass of the fake's policy, as the queue runs it once the watch delivered its latest body;
     `sink` gets its events, `landed` the writes that landed (also when the pass fails)."""
-    seen(state, state.api.policy)
-    state.events = sink or Sink()
+    policy = cast(FakeApi, state.api).policy
+    assert policy is not None, "the fake holds no policy to pass"
+    seen(state, policy)
+    state.events = cast(EventSink, sink or Sink())
     if landed is None:
         return await rc.run_pass(state, NAME, trigger)
     original = metrics.reconcile_pass
 
     @contextlib.contextmanager
-    def recorded(policy: str, why: str):
-        with original(policy, why) as current:
+    def recorded(policy: str, trigger: str) -> Iterator[metrics.Pass]:
+        with original(policy, trigger) as current:
             try:
                 yield current
             finally:
@@ -299,7 +307,7 @@ def test_the_fake_speaks_exactly_the_api_wrappers_interface():
 
 
 def _rc(**changes) -> dict:
-    obj = {
+    obj: dict[str, Any] = {
         "kind": "RuntimeClass", "apiVersion": "node.k8s.io/v1", "handler": "kata-qemu-rs-m",
         "metadata": {
             "name": "kata-qemu-rs-m",

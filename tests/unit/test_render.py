@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from decimal import Decimal
 from pathlib import Path
@@ -53,7 +54,7 @@ def _node(capacity: str = "256Gi", cpu: str | None = "64", **extra) -> NodeFacts
 
 
 POLICIES = {
-    **{path.stem: (lambda path=path: _example(path)) for path in EXAMPLES},
+    **{path.stem: functools.partial(_example, path) for path in EXAMPLES},
     "default-rust": lambda: _policy({"shim": "qemu-runtime-rs"}, name="default-rust", uid=UID),
     "default-go": lambda: _policy({"shim": "qemu"}, name="default-go"),
     "tee-rust-hugepages": lambda: _policy(

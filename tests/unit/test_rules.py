@@ -168,7 +168,7 @@ def test_every_problem_carries_severity_rule_path_message_and_fix() -> None:
 def test_go_shim_keeps_the_go_rules() -> None:
     sizing = size_policy(parse_policy(policy(shim="qemu")))
     assert sizing.runtime is Runtime.GO and sizing.problems == ()
-    assert all(c.kata.runtime is Runtime.GO for c in sizing.classes)
+    assert all(c.kata is not None and c.kata.runtime is Runtime.GO for c in sizing.classes)
 
 
 @pytest.mark.parametrize("values_key", [VALUES_KEY])

@@ -20,7 +20,7 @@ MIB = 1024 * 1024
 
 
 def policy(name: str = "qemu-rs", **overhead) -> object:
-    spec = {"shim": "qemu-runtime-rs", "classes": [
+    spec: dict[str, object] = {"shim": "qemu-runtime-rs", "classes": [
         {"name": "s", "cpu": "1", "memory": "1Gi"}, {"name": "m", "cpu": "2", "memory": "4Gi"}]}
     if overhead:
         spec["overhead"] = overhead

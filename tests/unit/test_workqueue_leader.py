@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from typing import Any
 
 import pytest
 
@@ -192,7 +193,7 @@ def test_one_failure_policy_for_every_pass():
 # --- what KataDeploy mode compares -------------------------------------------------------------
 
 
-WANT = {
+WANT: dict[str, Any] = {
     "kind": "RuntimeClass", "handler": "kata-x-m",
     "metadata": {"name": "kata-x-m", "labels": {"app.kubernetes.io/managed-by": "kata-sizing",
                                                 "katasizing.dev/policy": "x", "katasizing.dev/class": "m"}},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import contextlib
 import dataclasses
 import json
@@ -164,10 +165,10 @@ class ResourceObjects:
             return self._store.get(self.resource, namespace, name)
         return None
 
-    def list(self, namespace: str | None = None, label_selector: str | None = None) -> list[JsonObject]:
+    def list(self, namespace: str | None = None, label_selector: str | None = None) -> builtins.list[JsonObject]:
         return self._store.list(self.resource, namespace, parse_label_selector(label_selector))[0]
 
-    def names(self, namespace: str | None = None) -> list[str]:
+    def names(self, namespace: str | None = None) -> builtins.list[str]:
         return [obj['metadata']['name'] for obj in self.list(namespace)]
 
     def create(self, obj: Mapping[str, Any], namespace: str | None = None, *, enforce: bool = False) -> JsonObject:
@@ -265,6 +266,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
     def resource_types(self) -> list[ResourceType]:
         types = []
         for resource in list(self.resources):
+            assert isinstance(resource, kmock.resource)  # the registry's keys, whatever its hints say
             info = self.resources[resource]
             types.append(ResourceType(
                 group=resource.group or '', version=resource.version or 'v1', plural=resource.plural or '',
@@ -290,7 +292,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         else:
             lowered = spec.lower()
             candidates = [t for t in types if lowered in (t.plural, t.kind.lower())
-                          or lowered in self.resources[t.key].shortnames]
+                          or lowered in self.resources[kmock.resource(*t.key)].shortnames]
         if len(candidates) > 1:
             candidates = [t for t in candidates if t.group == ''] or candidates
         if len(candidates) != 1:
@@ -591,8 +593,8 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
                         'resourceVersion': opened_at,
                         'annotations': {'k8s.io/initial-events-end': 'true'}}}
                     await response.write(json.dumps({'type': 'BOOKMARK', 'object': bookmark}).encode() + b'\n')
-                while (event := await watcher.queue.get()) is not None:
-                    if (seen := event.as_seen_through(matcher)) is not None:
+                while (update := await watcher.queue.get()) is not None:
+                    if (seen := update.as_seen_through(matcher)) is not None:
                         await response.write(json.dumps(seen).encode() + b'\n')
         except (TimeoutError, ConnectionError):
             pass  # the server-side timeout, or the client went away
@@ -643,7 +645,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             raise ApiError(404, 'NotFound', 'the server could not find the requested resource')
         resources: list[JsonObject] = []
         for rtype in sorted(served, key=lambda t: t.plural):
-            info = self.resources[rtype.key]
+            info = self.resources[kmock.resource(*rtype.key)]
             resources.append({
                 'name': rtype.plural, 'singularName': info.singular or rtype.kind.lower(),
                 'namespaced': rtype.namespaced, 'kind': rtype.kind, 'verbs': sorted(info.verbs or ALL_VERBS),

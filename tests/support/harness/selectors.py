@@ -77,6 +77,10 @@ def _field_value(obj: Mapping[str, Any], dotted_path: str) -> str | None:
     return value if isinstance(value, str) else None if value is None else str(value)
 
 
+def _field_requirement(path: str, equal: bool, expected: str) -> Matcher:
+    return lambda obj: ((_field_value(obj, path) or '') == expected) == equal
+
+
 def parse_field_selector(selector: str | None) -> Matcher:
     """Compile ``metadata.name=x,metadata.namespace!=y`` (any dotted path) into a predicate."""
     if not selector:
@@ -87,8 +91,5 @@ def parse_field_selector(selector: str | None) -> Matcher:
         if not match:
             raise SelectorError(f"invalid field selector: {part!r}")
         path, operator, expected = match.groups()
-        if operator == '!=':
-            requirements.append(lambda obj, p=path, e=expected: (_field_value(obj, p) or '') != e)
-        else:
-            requirements.append(lambda obj, p=path, e=expected: (_field_value(obj, p) or '') == e)
+        requirements.append(_field_requirement(path, operator != '!=', expected))
     return lambda obj: all(requirement(obj) for requirement in requirements)

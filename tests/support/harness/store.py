@@ -8,6 +8,7 @@ Watch streams are fed through per-stream asyncio queues owned by the emulator's 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import copy
 import dataclasses
@@ -194,7 +195,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch; strategic-merge patches are treated the same way."""
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, Mapping) else {}
+    result: dict[str, Any] = dict(copy.deepcopy(target)) if isinstance(target, Mapping) else {}
     for key, value in patch.items():
         if key.startswith('$'):  # strategic-merge directives have no merge-patch meaning
             continue
@@ -280,7 +281,7 @@ class ObjectStore:
     def list(
         self, rtype: ResourceType, namespace: str | None = None, matcher: Matcher | None = None,
         offset: int = 0, limit: int | None = None,
-    ) -> tuple[list[JsonObject], str]:
+    ) -> tuple[builtins.list[JsonObject], str]:
         """Matching objects in (namespace, name) order; with `limit`, only that page is copied
         (a page of 500 out of 100,000 pods must not copy all of them)."""
         items, _, version = self.list_page(rtype, namespace, matcher, offset, limit)
@@ -289,7 +290,7 @@ class ObjectStore:
     def list_page(
         self, rtype: ResourceType, namespace: str | None = None, matcher: Matcher | None = None,
         offset: int = 0, limit: int | None = None,
-    ) -> tuple[list[JsonObject], int, str]:
+    ) -> tuple[builtins.list[JsonObject], int, str]:
         """(the page, how many matching objects follow it, the store's resourceVersion)."""
         with self.lock:
             matching = [
@@ -304,7 +305,7 @@ class ObjectStore:
 
     def open_watch(
         self, loop: asyncio.AbstractEventLoop, rtype: ResourceType, namespace: str | None, since: str | None,
-    ) -> tuple[list[StoredEvent], Watcher, str]:
+    ) -> tuple[builtins.list[StoredEvent], Watcher, str]:
         """
         The events a new watch starts with, the watcher for everything after them,
         and the resourceVersion at that moment.
