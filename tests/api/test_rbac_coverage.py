@@ -52,12 +52,12 @@ NOT_EXERCISED_BUT_NEEDED: dict[Triple, str] = {
                                 "tests/node/test_node_measurement.py shows the real kubelet granting it and refusing it "
                                 "to a ServiceAccount without it",
     **{("", "namespaces", verb): "the routing webhook's cache of namespace labels; this scenario runs no webhook "
-                                 "(tests/api/test_webhook_routing.py and tests/api/test_real_admission_operator.py do)"
+                                 "(tests/api/test_webhook_routing.py and tests/api/test_admission_objects.py do)"
        for verb in ("get", "list", "watch")},
     **{("admissionregistration.k8s.io", plural, "patch"): (
         "a shared admission object whose installer applied it server-side is put back by a server-side apply in "
         "the installer's name, which the API server's managedFields say and the emulator does not keep; "
-        "tests/api/test_real_admission_operator.py puts each kind back on the real server")
+        "tests/api/test_admission_objects.py puts each kind back on the real server")
        for plural in ("validatingadmissionpolicies", "mutatingadmissionpolicies",
                       "validatingadmissionpolicybindings", "mutatingadmissionpolicybindings")},
     ("katasizing.dev", "katasizingpolicies", "get"): (

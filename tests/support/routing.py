@@ -22,7 +22,7 @@ def pod(name: str = "app", namespace: str = "team", labels: dict | None = None, 
 # --- the scope of a policy: the webhook routes the pods its bindings would ------------------------
 
 # Namespaces by their labels, and the scopes of spec.admission.namespaces the table covers; a
-# policy per scope, scope-<key>, routed by the webhook. tests/api/test_real_admission_operator.py runs
+# policy per scope, scope-<key>, routed by the webhook. tests/api/test_admission_objects.py runs
 # the same table through the MutatingAdmissionPolicy and the webhook on the real API server.
 SCOPE_NAMESPACES = {
     "listed": {},
