@@ -141,13 +141,16 @@ demo: $(STAMP)
 # KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure); likewise the image
 # tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1), and the node tests without Go,
 # root and apt-get (KATA_SIZING_REQUIRE_NODE=1). The 25 slowest steps are listed at the end: the
-# suite's budget is 12 minutes on 2 cores (docs/testing.md).
+# suite's budget is 12 minutes on 2 cores (docs/testing.md). Two pytest-xdist workers: one runs
+# whatever uses the session's control plane and node (in the order one process would), the other
+# the rest; TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: lint $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory node; \
 	else echo "go not found: the real control plane and the node are not built and their tests will skip"; fi
 	@if bash scripts/image/install-debs.sh; then $(MAKE) --no-print-directory image; \
 	else echo "the image is not built (see the line above) and its tests will skip"; fi
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # ruff over the whole tree (pyproject.toml [tool.ruff]) and mypy over core/, controller/, cli/, vm.py and tests/
 # ([tool.mypy]); `make test` runs both first, so a lint or type error fails CI.

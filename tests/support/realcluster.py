@@ -534,13 +534,36 @@ def leftovers(cp: ControlPlane) -> None:
         cp.delete(f"{configmaps()}/{name}")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The node tests run after the others: until the node joins, the session's control plane
     has no node (the operator's node guidance and the tests' pods see what they always saw).
-    The RBAC coverage test reads the whole session's audit log: it runs last."""
+    The RBAC coverage test reads the whole session's audit log: it runs last. Run by pytest-xdist
+    (`make test`: `-n 2 --dist loadgroup`), each test is given its group (`xdist_group`)."""
     last = [i for i in items if i.name.startswith("test_every_grant_of_the_clusterrole_is_used")]
     node = [i for i in items if i.get_closest_marker("node") and i not in last]
     items[:] = [i for i in items if i not in last and i not in node] + node + last
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            group = xdist_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+# What runs on the session's control plane (and its node): `kube` does on its realserver tier.
+SESSION_FIXTURES = frozenset({"control_plane", "real_operator", "real_node", "node_namespace"})
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """Every test of the session's control plane and node in one worker, in the order above, as
+    when the suite runs in one process (one node per machine, its lock held for the session; the
+    RBAC check reads the whole audit log); a module that starts control planes of its own in one
+    worker, so its module-scoped ones start once; the rest wherever a worker is free."""
+    kube = getattr(getattr(item, "callspec", None), "params", {}).get("kube")
+    if SESSION_FIXTURES & set(getattr(item, "fixturenames", ())) or kube == "realserver":
+        return "cluster"
+    if item.get_closest_marker("realserver") or item.get_closest_marker("node"):
+        return item.nodeid.split("::")[0]
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
