@@ -276,8 +276,8 @@ def test_overlay_objects_are_valid(overlay_by_kind: dict[str, dict], kind: str, 
     obj = overlay_by_kind[kind]
     if obj["apiVersion"].startswith(f"{CERT_MANAGER_GROUP}/"):
         pytest.skip(f"{kind} is a cert-manager custom resource: kubernetes-validate has no schema for it")
-    if kind == "ValidatingWebhookConfiguration" and version == SCHEMA_VERSIONS[0]:
-        version = "1.28"  # its matchConditions (docs/install.md: the webhook overlay needs 1.28)
+    if kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration") and version == SCHEMA_VERSIONS[0]:
+        version = "1.28"  # their matchConditions (docs/install.md: the webhook overlay needs 1.28)
     if kind in ADMISSION_SERVED_FROM and version == SCHEMA_VERSIONS[0]:
         version = ".".join(map(str, ADMISSION_SERVED_FROM[kind]))  # the release that serves it
     try:
