@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 from typing import TYPE_CHECKING, cast
 
 from .labels import NAMESPACE_NAME_LABEL, POLICY_LABEL  # noqa: F401  (re-exported: the rule's label)
@@ -660,11 +661,13 @@ def _selector_dict(selector: LabelSelector) -> dict:
 _PARAM_KIND = {"apiVersion": "v1", "kind": "ConfigMap"}
 
 
-def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, dict]]:
+@lru_cache(maxsize=4)
+def shared_admission_specs(routing: str = "Auto") -> tuple[tuple[str, str, str, dict], ...]:
     """(apiVersion, kind, name, spec) of the shared admission policies: the two
     ValidatingAdmissionPolicies (one per rule: a binding's action applies to every validation of
     its policy) and, unless routing is Webhook, the MutatingAdmissionPolicy that routes. The same
-    for every KataSizingPolicy; nothing in them is a policy's figure."""
+    for every KataSizingPolicy; nothing in them is a policy's figure. Built once per routing (the
+    operator renders them in every pass): the caller copies what it hands on."""
     # Each expression converted once; the objects share them (render_admission copies).
     variables = cast(list[dict], _requote(cel_variables()))
     checks = cast(dict[str, list[dict]], _requote(validations()))  # the same shape, requoted
@@ -699,7 +702,7 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
             # the RuntimeClass plugin sets overhead and scheduling for the routed class.
             "reinvocationPolicy": "Never",
         }))
-    return specs
+    return tuple(specs)
 
 
 def binding_specs(sizing: PolicySizing, params_name: str) -> list[tuple[str, str, str, dict]]:
