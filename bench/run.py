@@ -33,6 +33,20 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU a process's threads have spent so far, in seconds: the sum of their
+    /proc/PID/task/*/schedstat (nanoseconds; /proc/PID/stat counts 10 ms ticks, too coarse for
+    one pass), or utime + stime of /proc/PID/stat where schedstat is missing."""
+    import os
+
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
