@@ -174,8 +174,11 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
     # `survey` of a saved 20,000-pod list, read a pod at a time.
     "survey": _external("bench.survey_bench", "bench_survey"),
-    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover.
+    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover, the
+    # routing webhook during a rollout.
     "node": _external("bench.node_bench", "bench_node"),
+    # What kata-sizing's admission costs every pod: none, the CEL, the webhook, side by side.
+    "admission": _external("bench.admission_bench", "bench_admission"),
 }
 
 
