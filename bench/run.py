@@ -33,6 +33,20 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU a process's threads have spent so far, in seconds: the sum of their
+    /proc/PID/task/*/schedstat (nanoseconds; /proc/PID/stat counts 10 ms ticks, too coarse for
+    one pass), or utime + stime of /proc/PID/stat where schedstat is missing."""
+    import os
+
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -160,10 +174,13 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
     # `survey` of a saved 20,000-pod list, read a pod at a time.
     "survey": _external("bench.survey_bench", "bench_survey"),
-    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover.
+    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover, the
+    # routing webhook during a rollout.
     "node": _external("bench.node_bench", "bench_node"),
     # `probe`: a two-class plan booted under TCG, and the probe's memory while a guest floods its console.
     "probe": _external("bench.probe_bench", "bench_probe"),
+    # What kata-sizing's admission costs every pod: none, the CEL, the webhook, side by side.
+    "admission": _external("bench.admission_bench", "bench_admission"),
 }
 
 
