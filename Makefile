@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 
-.PHONY: demo test lint fuzz bench crds check-crds tools controlplane node image probe-init clean
+.PHONY: demo test lint fuzz bench crds check-crds tools controlplane celcost node image probe-init clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,16 @@ $(PODTOOL): $(wildcard tests/controlplane/podtool/*.go) tests/controlplane/go.mo
 
 $(NODE_IMAGES)/tools.tar: $(PODTOOL) scripts/node/build-images.py /bin/busybox
 	$(PYTHON) scripts/node/build-images.py --podtool $(PODTOOL) --busybox /bin/busybox --out $(NODE_IMAGES)
+
+# The runtime CEL cost of the admission policies on a pod, computed by the API server's own CEL
+# library at the control plane's pins (tests/controlplane/celcost): `make bench` (section admission)
+# prints it; the API server reports no cost of an admission policy itself.
+CELCOST := $(TOOLS)/celcost
+$(CELCOST): tests/controlplane/celcost/main.go tests/controlplane/go.mod tests/controlplane/go.sum
+	mkdir -p $(TOOLS)
+	cd tests/controlplane && go build -trimpath -ldflags "-s -w" -o $(CURDIR)/$(CELCOST) ./celcost
+
+celcost: $(CELCOST)
 
 # The init of the VMs `kata-sizing probe` boots (operator/probe-init, docs/probe.md): a static Go
 # binary with no dependency but Go's standard library.
@@ -167,6 +177,8 @@ fuzz: $(STAMP)
 # The helm section compares `kata-sizing render` with `helm template` of the kata-deploy
 # chart, which is not in this repository: KATA_DEPLOY_CHART=<kata-containers checkout>/tools/packaging/kata-deploy/helm-chart/kata-deploy
 bench: $(STAMP) $(TOOLS)/kubectl
+	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory $(CONTROLPLANE) $(CELCOST); \
+	else echo "go not found: the real control plane and celcost are not built and their sections skip"; fi
 	KATA_DEPLOY_CHART="$(KATA_DEPLOY_CHART)" BENCH_BASELINE="$(BENCH_BASELINE)" $(PY) bench/run.py
 
 # The CRD is generated from the models; the Helm chart carries the same file in its crds/.

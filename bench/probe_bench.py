@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from bench.run import ROOT, Report, verdict
-from tests import kata_vm
+from tests.support import kata_vm
 
 RSS_TARGET_MIB = 100
 FLOOD_MIB = 200

@@ -9,6 +9,7 @@ printed as MISS. Sections live in SECTIONS (add yours there); pick some with
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import math
 import statistics
@@ -31,6 +32,20 @@ def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile (p95 of 200 runs is the 190th fastest)."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU a process's threads have spent so far, in seconds: the sum of their
+    /proc/PID/task/*/schedstat (nanoseconds; /proc/PID/stat counts 10 ms ticks, too coarse for
+    one pass), or utime + stime of /proc/PID/stat where schedstat is missing."""
+    import os
+
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def verdict(ok: bool) -> str:
@@ -63,7 +78,7 @@ def bench_core(report: Report, quick: bool = False) -> None:
     policies["default s/m/l/xl (qemu-runtime-rs)"] = parse_policy(
         {"metadata": {"name": "bench"}, "spec": {"shim": "qemu-runtime-rs"}})
     for name, policy in policies.items():
-        timings = _timed_ms(lambda policy=policy: render_policy(policy), runs)
+        timings = _timed_ms(functools.partial(render_policy, policy), runs)
         median, p95 = statistics.median(timings), percentile(timings, 0.95)
         report(f"render {name} ({len(policy.spec.effective_classes)} classes), median",
                f"{median:.2f} ms", f"< {RENDER_TARGET_MS:g} ms", verdict(median < RENDER_TARGET_MS))
@@ -160,10 +175,13 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
     # `survey` of a saved 20,000-pod list, read a pod at a time.
     "survey": _external("bench.survey_bench", "bench_survey"),
-    # The operator as a Pod on the real node (tests/support/realnode.py): install, memory, handover.
+    # The operator as a Pod on the real node (tests/support/realnode.py): install, memory, handover, the
+    # routing webhook during a rollout.
     "node": _external("bench.node_bench", "bench_node"),
     # `probe`: a two-class plan booted under TCG, and the probe's memory while a guest floods its console.
     "probe": _external("bench.probe_bench", "bench_probe"),
+    # What kata-sizing's admission costs every pod: none, the CEL, the webhook, side by side.
+    "admission": _external("bench.admission_bench", "bench_admission"),
 }
 
 

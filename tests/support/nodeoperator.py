@@ -128,8 +128,11 @@ def require_image() -> None:
     pytest.skip(reason)
 
 
-def serving_certificate(names: list[str]) -> tuple[bytes, bytes]:
-    """A self-signed certificate (also its own CA, as the chart's caBundle takes it) for `names`."""
+def serving_certificate(names: list[str], ips: Sequence[str] = ()) -> tuple[bytes, bytes]:
+    """A self-signed certificate (also its own CA, as the chart's caBundle takes it) for `names`
+    and the addresses `ips`."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -141,7 +144,9 @@ def serving_certificate(names: list[str]) -> tuple[bytes, bytes]:
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(hours=6))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([*(x509.DNSName(n) for n in names),
+                                                        *(x509.IPAddress(ipaddress.ip_address(a)) for a in ips)]),
+                           critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(key, hashes.SHA256()))

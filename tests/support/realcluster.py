@@ -193,6 +193,20 @@ class ControlPlane:
                 detail = raw.decode(errors="replace")
             raise ApiError(err.code, detail) from None
 
+    @property
+    def admin_token(self) -> str:
+        return self._admin_token
+
+    def client_ssl(self) -> ssl.SSLContext:
+        """A TLS context that trusts the control plane's CA (for clients of the tests' own)."""
+        return ssl.create_default_context(cafile=str(self.state / "ca.crt"))
+
+    def text(self, path: str) -> str:
+        """A GET of a path that answers text (the API server's /metrics), as the admin."""
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self._admin_token}"})
+        with urllib.request.urlopen(req, context=self._ssl, timeout=30) as resp:
+            return resp.read().decode()
+
     def get(self, path: str) -> dict | None:
         try:
             return self.request("GET", path)

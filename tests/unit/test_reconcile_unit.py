@@ -242,10 +242,11 @@ def policy_body(**spec) -> dict:
 
 
 def desired_objects(body: dict) -> list[dict]:
-    """What a pass writes for `body` in a cluster without nodes."""
+    """What a pass writes for `body` in a cluster without nodes: copies, for a test to change (a
+    render's objects are never changed in place; the shared ones are built once per routing)."""
     rendered = render_policy(parse_policy(body), nodes=[])
     runtime_classes = rendered.runtime_classes if rendered.creates_runtime_classes else []
-    return [*runtime_classes, *rendered.configmaps, *rendered.shared, *rendered.admission]
+    return copy.deepcopy([*runtime_classes, *rendered.configmaps, *rendered.shared, *rendered.admission])
 
 
 def in_sync_cluster(body: dict, allow=READS, **kwargs) -> FakeApi:

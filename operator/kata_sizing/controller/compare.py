@@ -11,6 +11,7 @@ their installer's, who also keeps the API server's record of who wrote each fiel
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +109,28 @@ def spec_differences(desired: object, live: object, path: str = "spec") -> list[
     return [] if desired == live else [path]
 
 
+# The same desired admission object against the same live one, compared again: every pass
+# compares each of its objects, and the echo of every write is compared once more; the shared
+# admission policies are about 25 KB of CEL each, field by field (docs/performance.md). Objects
+# are never changed in place (a cache replaces a live object on each event; the desired ones are
+# built per generation), so their identity stands for their content; the entries hold them.
+_COMPARED: OrderedDict[tuple[int, int], tuple[dict, dict, list[str]]] = OrderedDict()
+COMPARED_ENTRIES = 256
+
+
+def _admission_spec_differences(desired: dict, live: dict) -> list[str]:
+    key = (id(desired), id(live))
+    found = _COMPARED.get(key)
+    if found is not None and found[0] is desired and found[1] is live:
+        _COMPARED.move_to_end(key)
+        return list(found[2])
+    differing = spec_differences(desired.get("spec") or {}, live.get("spec") or {})
+    _COMPARED[key] = (desired, live, differing)
+    if len(_COMPARED) > COMPARED_ENTRIES:
+        _COMPARED.popitem(last=False)
+    return list(differing)
+
+
 def differences(desired: dict, live: dict, guarded: bool = False) -> list[str]:
     """The fields the operator decides where `live` differs from `desired`; fields others own
     (their labels, annotations, and on a `guarded` object every key the chart adds) are ignored."""
@@ -133,7 +156,7 @@ def differences(desired: dict, live: dict, guarded: bool = False) -> list[str]:
             if _scheduling_view(desired.get("scheduling")) != _scheduling_view(live.get("scheduling")):
                 found.append("scheduling")
     elif is_admission_kind(desired["kind"]):
-        found += spec_differences(desired.get("spec") or {}, live.get("spec") or {})
+        found += _admission_spec_differences(desired, live)
     else:
         if (desired.get("data") or {}) != (live.get("data") or {}):
             changed = sorted(

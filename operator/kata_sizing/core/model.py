@@ -664,20 +664,21 @@ def parse_policy(document: object) -> KataSizingPolicy:
     """A KataSizingPolicy from a parsed YAML/JSON document or a live object's body."""
     if not isinstance(document, dict):
         raise PolicyError.at([("", "(policy)", f"expected a mapping (a KataSizingPolicy), got {type(document).__name__}")])
-    try:
-        # Bodies from the API server or a review are parsed already: bound them here too.
-        bounded.check_structure(document, "(policy)")
-    except bounded.InputError as exc:
-        raise PolicyError.at([("", "(policy)", str(exc).removeprefix("(policy): "))]) from None
     body = {key: document[key] for key in ("apiVersion", "kind", "metadata", "spec", "status") if key in document}
     unknown = sorted(set(document) - set(body), key=str)
-    problems = [("", _key_text(key), "unknown top-level field") for key in unknown]
     if isinstance(body.get("metadata"), dict):
         # Live objects carry server fields (managedFields, resourceVersion...); keep what we read.
         meta = body["metadata"]
         body["metadata"] = {k: meta[k] for k in ("name", "uid", "generation") if k in meta}
     # Status is the operator's to write; a stale or hand-edited one must not invalidate the spec.
     body.pop("status", None)
+    try:
+        # Bodies from the API server or a review are parsed already: bound what is read of them
+        # here too (not the status and managedFields a live body carries, which nothing reads).
+        bounded.check_structure({**body, **{key: document[key] for key in unknown}}, "(policy)")
+    except bounded.InputError as exc:
+        raise PolicyError.at([("", "(policy)", str(exc).removeprefix("(policy): "))]) from None
+    problems = [("", _key_text(key), "unknown top-level field") for key in unknown]
     try:
         policy = KataSizingPolicy.model_validate(body)
     except ValidationError as exc:

@@ -43,6 +43,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 from typing import TYPE_CHECKING, cast
 
 from .labels import NAMESPACE_NAME_LABEL, POLICY_LABEL  # noqa: F401  (re-exported: the rule's label)
@@ -351,26 +352,46 @@ def _cel_millis(q: str) -> str:
             f"int(quantity({q}).asApproximateFloat() * 1000.0 - 0.0000001) + 1)")
 
 
+# The init containers' sidecar limits are summed in blocks of this many: an init container's
+# peak is its limit plus the sidecars started before it, and a prefix sum over the blocks before
+# it and the sidecars of its own block keeps that linear in the pod (n·B + (n/B)² additions; a
+# sum over every sidecar before each init container, which CEL would otherwise need, is n²/2:
+# a pod of 500 init containers, half of them sidecars, exceeded the API server's per-expression
+# cost limit; docs/admission.md).
+_SIDECAR_BLOCK = 32
+
+
 def _cel_aggregate(resource: str, per: str) -> list[tuple[str, str]]:
     """Variables computing one resource's effective limit (`variables.<resource>`)."""
     r = resource
     conv = _cel_bytes if r == "memory" else _cel_millis
+    inits, sidecars, blocks, before = (f"variables.{r}Inits", f"variables.{r}Sidecars", f"variables.{r}SidecarBlocks",
+                                       f"variables.{r}SidecarsBeforeBlock")
+    b = _SIDECAR_BLOCK
     return [
         (f"{r}Containers", f"variables.containerLimits.map(l, '{r}' in l ? {conv(f'l[{_cel_string(r)}]')} : 0)"),
         (f"{r}Inits", f"variables.initLimits.map(l, '{r}' in l ? {conv(f'l[{_cel_string(r)}]')} : 0)"),
-        (f"{r}Regular",
-         f"variables.{r}Containers.sum() + lists.range(size(variables.{r}Inits))"
-         f".filter(i, variables.sidecars[i]).map(i, variables.{r}Inits[i]).sum()"),
+        # Each init container's limit if it is a sidecar, else 0.
+        (f"{r}Sidecars", f"{inits}.transformList(i, v, variables.sidecars[i] ? v : 0)"),
+        (f"{r}ContainersSum", f"variables.{r}Containers.sum()"),
+        (f"{r}Regular", f"variables.{r}ContainersSum + {sidecars}.sum()"),
+        (f"{r}SidecarBlocks",
+         f"lists.range((size({sidecars}) + {b - 1}) / {b}).map(k, {sidecars}.slice(k * {b}, "
+         f"[k * {b} + {b}, size({sidecars})].min()).sum())"),
+        (f"{r}SidecarsBeforeBlock", f"lists.range(size({blocks})).map(k, {blocks}.slice(0, k).sum())"),
         (f"{r}InitPeak",
-         f"([0] + lists.range(size(variables.{r}Inits)).filter(i, !variables.sidecars[i])"
-         f".map(i, variables.{r}Inits[i] + lists.range(i).filter(k, variables.sidecars[k])"
-         f".map(k, variables.{r}Inits[k]).sum())).max()"),
+         f"([0] + lists.range(size({inits})).filter(i, !variables.sidecars[i])"
+         f".map(i, {inits}[i] + (i < {b} ? 0 : {before}[i / {b}]) + {sidecars}.slice(i / {b} * {b}, i).sum())).max()"),
         (f"{r}Set",
          f"'{r}' in variables.podLimits || variables.containerLimits.exists(l, '{r}' in l) || "
          f"variables.initLimits.exists(l, '{r}' in l)"),
+        # No init container above the regular containers' sum: none can peak above the regular
+        # containers and sidecars (its peak is itself plus some of those sidecars), and the peaks
+        # are not computed. Most pods' init containers are small.
         (r,
          f"'{r}' in variables.podLimits ? {conv(f'variables.podLimits[{_cel_string(r)}]')} : "
-         f"(variables.{r}Regular > variables.{r}InitPeak ? variables.{r}Regular : variables.{r}InitPeak)"),
+         f"(size({inits}) == 0 || {inits}.max() <= variables.{r}ContainersSum ? variables.{r}Regular : "
+         f"(variables.{r}Regular > variables.{r}InitPeak ? variables.{r}Regular : variables.{r}InitPeak))"),
     ]
 
 
@@ -385,16 +406,24 @@ _CEL_CPU_TEXT = ("!variables.cpuSet ? 'none' : variables.cpu % 1000 == 0 ? strin
 
 
 # The figures of one policy the shared CEL reads (`params.data[...]`): podfit's own lists,
-# joined (class names and RuntimeClass names are DNS labels, numbers digits; the envelope texts
-# hold commas, "cpu 1, memory 1Gi", and no semicolon).
+# joined by these separators (class names and RuntimeClass names are DNS labels, numbers digits;
+# the envelope texts hold commas, "cpu 1, memory 1Gi", and no semicolon).
+_PARAM_SEPARATORS = {"classNames": ",", "runtimeClasses": ",", "classCpu": ",", "classMemory": ",",
+                     "classEnvelopes": ";", "defaultZero": ",", "overheadZero": ","}
+
+
+def _param_list(key: str) -> str:
+    return f"params.data['{key}'].split('{_PARAM_SEPARATORS[key]}')"
+
+
+# The lists the routing and the messages read whole, as CEL variables (the validations read only
+# the pod's own class's items: `_own_item`).
 _PARAM_LISTS = {
-    "classNames": ("params.data['classNames'].split(',')", ","),
-    "runtimeClasses": ("params.data['runtimeClasses'].split(',')", ","),
-    "classCpu": ("params.data['classCpu'].split(',').map(x, int(x))", ","),
-    "classMemory": ("params.data['classMemory'].split(',').map(x, int(x))", ","),
-    "classEnvelopes": ("params.data['classEnvelopes'].split(';')", ";"),
-    "defaultZero": ("params.data['defaultZero'].split(',').map(x, x == 'true')", ","),
-    "overheadZero": ("params.data['overheadZero'].split(',').map(x, x == 'true')", ","),
+    "classNames": _param_list("classNames"),
+    "runtimeClasses": _param_list("runtimeClasses"),
+    "classCpu": f"{_param_list('classCpu')}.map(x, int(x))",
+    "classMemory": f"{_param_list('classMemory')}.map(x, int(x))",
+    "classEnvelopes": _param_list("classEnvelopes"),
 }
 
 
@@ -414,13 +443,18 @@ def params_data(sizing: PolicySizing) -> dict[str, str]:
         "defaultZero": ["true" if z else "false" for z in default_zero],
         "overheadZero": ["true" if z else "false" for z in overhead_zero],
     }
-    data = {key: _PARAM_LISTS[key][1].join(str(v) for v in values) for key, values in lists.items()}
+    data = {key: _PARAM_SEPARATORS[key].join(str(v) for v in values) for key, values in lists.items()}
     data.update({
         "policy": sizing.policy.name,
         "largestText": _largest_text(sizing),
         "sandboxZeroMessage": sandbox_zero_message(sizing.hypervisor),
     })
     return dict(sorted(data.items()))
+
+
+def _own_item(key: str) -> str:
+    """The pod's class's item of a parameter list (`variables.own` indexes it), as text."""
+    return f"{_param_list(key)}[variables.own]"
 
 
 def cel_variables() -> list[dict]:
@@ -441,11 +475,17 @@ def cel_variables() -> list[dict]:
          "!('memory' in variables.podLimits && quantity(variables.podLimits['memory']).isGreaterThan(quantity('0'))) && "
          "(variables.containerLimits.exists(l, !('memory' in l && quantity(l['memory']).isGreaterThan(quantity('0')))) || "
          "variables.initLimits.exists(l, !('memory' in l && quantity(l['memory']).isGreaterThan(quantity('0')))))"),
-        *((name, expression) for name, (expression, _) in _PARAM_LISTS.items()),
+        *_PARAM_LISTS.items(),
         ("fits", "lists.range(size(variables.classCpu)).filter(i, variables.cpu <= variables.classCpu[i] && "
                  "variables.memory <= variables.classMemory[i])"),
         ("own", "has(object.spec.runtimeClassName) ? "
                 "variables.runtimeClasses.indexOf(object.spec.runtimeClassName) : -1"),
+        # The figures of the pod's own class, read without building the lists of every class
+        # (the validations need no other; the routing and the messages do).
+        ("ownCpu", f"int({_own_item('classCpu')})"),
+        ("ownMemory", f"int({_own_item('classMemory')})"),
+        ("ownDefaultZero", f"{_own_item('defaultZero')} == 'true'"),
+        ("ownOverheadZero", f"{_own_item('overheadZero')} == 'true'"),
         # namespaceObject is null in matchConditions (the API server passes no namespace to
         # them), so the namespace label is read here, in a variable.
         ("optedIn", _cel_opted_in()),
@@ -546,11 +586,14 @@ _NO_PARAMETERS = {"name": "kata-sizing-keep-alive", "namespace": "kube-system", 
 
 def validations() -> dict[str, list[dict]]:
     """The validations of each shared VAP; their messages are check_limits' messages, word for word."""
+    # The API server evaluates every messageExpression of a policy on every request, passing or not,
+    # in an evaluation of its own that computes the variables it reads again (k8s.io/apiserver
+    # 1.37, validating.validator.Validate): each message is built only when its validation fails.
     class_of = "variables.classNames[variables.own]"
     envelope_of = "variables.classEnvelopes[variables.own]"
     rc = "object.spec.runtimeClassName"
     no_limits = "(!variables.cpuSet && !variables.memorySet)"
-    return {
+    rules = {
         "memory": [{
             "expression": "!variables.memoryMissing",
             "messageExpression": (
@@ -562,8 +605,8 @@ def validations() -> dict[str, list[dict]]:
         }],
         "envelope": [
             {
-                "expression": (f"!({_cel_in_class()}) || (variables.cpu <= variables.classCpu[variables.own] && "
-                               "variables.memory <= variables.classMemory[variables.own])"),
+                "expression": (f"!({_cel_in_class()}) || (variables.cpu <= variables.ownCpu && "
+                               "variables.memory <= variables.ownMemory)"),
                 "messageExpression": (
                     f"variables.who + ' on RuntimeClass ' + {rc} + ': ' + variables.figures + ' exceed class ' + "
                     f"{class_of} + ' (' + {envelope_of} + '), whose podFixed does not cover the guest overhead "
@@ -574,8 +617,8 @@ def validations() -> dict[str, list[dict]]:
                 # A pod Kata would refuse to start (_kata_refusal): runtime-rs boots a 0 MiB sandbox
                 # on a class whose default_memory (no limits) or overhead_memory (limits under 1 MiB)
                 # is 0. Every flag is false for the other classes and for the Go runtime.
-                "expression": (f"!({_cel_in_class()}) || !({no_limits} ? variables.defaultZero[variables.own] : "
-                               f"(variables.overheadZero[variables.own] && variables.memory < {MIB}))"),
+                "expression": (f"!({_cel_in_class()}) || !({no_limits} ? variables.ownDefaultZero : "
+                               f"(variables.ownOverheadZero && variables.memory < {MIB}))"),
                 "messageExpression": (
                     f"variables.who + ' on RuntimeClass ' + {rc} + ': Kata refuses to start it: ' + "
                     f"params.data['sandboxZeroMessage'] + ' (class ' + {class_of} + ' ' + ({no_limits} ? "
@@ -598,6 +641,26 @@ def validations() -> dict[str, list[dict]]:
             },
         ],
     }
+    return {key: [{**rule, "messageExpression": f"({rule['expression']}) ? '' : ({rule['messageExpression']})"}
+                  for rule in checks] for key, checks in rules.items()}
+
+
+_VARIABLE_READ = re.compile(r"\bvariables\.(\w+)")
+
+
+def variables_read(variables: list[dict], expressions: Sequence[str]) -> list[dict]:
+    """The variables `expressions` read, directly or through other variables, in their order. The
+    API server prepares every variable of a policy for each evaluation (lazily evaluated, but each
+    one set up), so each shared policy declares only the ones its own expressions need."""
+    by_name = {v["name"]: v["expression"] for v in variables}
+    needed: set[str] = set()
+    pending = [name for e in expressions for name in _VARIABLE_READ.findall(e)]
+    while pending:
+        name = pending.pop()
+        if name not in needed:
+            needed.add(name)
+            pending.extend(_VARIABLE_READ.findall(by_name[name]))
+    return [v for v in variables if v["name"] in needed]
 
 
 _CEL_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'" + r'|"((?:[^"\\]|\\.)*)"', re.S)
@@ -631,14 +694,16 @@ def _selector_dict(selector: LabelSelector) -> dict:
 _PARAM_KIND = {"apiVersion": "v1", "kind": "ConfigMap"}
 
 
-def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, dict]]:
+@lru_cache(maxsize=4)
+def shared_admission_specs(routing: str = "Auto") -> tuple[tuple[str, str, str, dict], ...]:
     """(apiVersion, kind, name, spec) of the shared admission objects: the two
     ValidatingAdmissionPolicies (one per rule: a binding's action applies to every validation of
     its policy) and, unless routing is Webhook, the MutatingAdmissionPolicy that routes; then the
     keep-alive binding of each (KEEP_ALIVE_NAMES). The same for every KataSizingPolicy; nothing in
-    them is a policy's figure."""
+    them is a policy's figure. Built once per routing (the operator renders them in every pass):
+    the caller copies what it hands on."""
     # Each expression converted once; the objects share them (render_admission copies).
-    variables = _requote(cel_variables())
+    variables = cast(list[dict], _requote(cel_variables()))
     checks = cast(dict[str, list[dict]], _requote(validations()))  # the same shape, requoted
     in_class = _double_quoted(_CEL_IN_CLASS_OF_PARAMS)
     specs = []
@@ -653,27 +718,28 @@ def shared_admission_specs(routing: str = "Auto") -> list[tuple[str, str, str, d
             "paramKind": dict(_PARAM_KIND),
             "matchConstraints": _match_resources(_POD_RULES),
             "matchConditions": conditions,
-            "variables": variables,
+            "variables": variables_read(variables, [e for rule in checks[key]
+                                                    for e in (rule["expression"], rule["messageExpression"])]),
             "validations": checks[key],
         }))
     if routing != "Webhook":
+        # A JSON patch, not an apply configuration: the API server applies an apply configuration
+        # through structured-merge-diff over the whole typed pod, a quarter more of its CPU on a
+        # pod of 400 init containers (docs/performance.md); the outcome is the same one field.
+        mutation = ("variables.optedIn && size(variables.fits) > 0 ? [JSONPatch{op: 'add', path: "
+                    "'/spec/runtimeClassName', value: variables.runtimeClasses[variables.fits[0]]}] : []")
         specs.append((MUTATING_API_VERSION, "MutatingAdmissionPolicy", SHARED_NAMES["route"], {
             "failurePolicy": "Fail",
             "paramKind": dict(_PARAM_KIND),
             "matchConstraints": _match_resources([_POD_RULES[0]]),
-            "matchConditions": [_requote(_match_condition_without_class())],
-            "variables": variables,
-            "mutations": [{
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {"expression": (
-                    "variables.optedIn && size(variables.fits) > 0 ? Object{spec: Object.spec{runtimeClassName: "
-                    "variables.runtimeClasses[variables.fits[0]]}} : Object{}")},
-            }],
+            "matchConditions": [cast(dict, _requote(_match_condition_without_class()))],
+            "variables": variables_read(variables, [mutation]),
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _double_quoted(mutation)}}],
             # The API server runs its built-in mutating plugins again after this mutation, so
             # the RuntimeClass plugin sets overhead and scheduling for the routed class.
             "reinvocationPolicy": "Never",
         }))
-    return specs + [_keep_alive_binding(api_version, kind, name) for api_version, kind, name, _ in specs]
+    return tuple(specs + [_keep_alive_binding(api_version, kind, name) for api_version, kind, name, _ in specs])
 
 
 def _keep_alive_binding(api_version: str, policy_kind: str, policy_name: str) -> tuple[str, str, str, dict]:

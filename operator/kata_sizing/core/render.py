@@ -9,9 +9,11 @@ summary (a jinja2 template, loaded only when nodes are given).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,10 +159,17 @@ def values_overlay(policy: KataSizingPolicy, sizing: PolicySizing, drop_ins: dic
             "inheritBaseOverhead": False,
             "dropIn": drop_ins[f"{c.name}.toml"],
             # The chart creates this object itself, so no ownerReference in it.
-            "runtimeClass": yamlout.dump(runtime_class(policy, c, owned=False)),
+            "runtimeClass": _yaml_text(json.dumps(runtime_class(policy, c, owned=False))),
         }
         for c in sizing.classes
     }}}
+
+
+@lru_cache(maxsize=512)
+def _yaml_text(json_text: str) -> str:
+    """An object's YAML, by its JSON: a new generation of a policy mostly leaves its classes'
+    RuntimeClasses as they were, and dumping YAML is most of rendering the values overlay."""
+    return yamlout.dump(json.loads(json_text))
 
 
 def values_overlay_yaml(policy: KataSizingPolicy, overlay: dict) -> str:
@@ -255,13 +264,19 @@ def shared_admission_objects(routing: str = "Auto") -> list[dict]:
     policy, owned by none (deleting one policy must not delete what the others' bindings use),
     labelled as kata-sizing's and shared, and marked against a GitOps tool's prune. What
     `kata-sizing render --shared` prints and the install carries (manifests/admission/, the
-    chart's files/)."""
-    return [{"apiVersion": api_version, "kind": kind,
-             "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY, SHARED_LABEL: SHARED_ADMISSION},
-                          "annotations": dict(SHARED_ANNOTATIONS)},
-             # A copy: the specs share their CEL variables.
-             "spec": json.loads(json.dumps(spec))}
-            for api_version, kind, name, spec in podfit.shared_admission_specs(routing)]
+    chart's files/). Built once per routing and shared by every render, as every rendered object
+    is never changed in place (the executor writes copies)."""
+    return list(_shared_admission_objects(routing))
+
+
+@lru_cache(maxsize=4)
+def _shared_admission_objects(routing: str) -> tuple[dict, ...]:
+    return tuple({"apiVersion": api_version, "kind": kind,
+                  "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY, SHARED_LABEL: SHARED_ADMISSION},
+                               "annotations": dict(SHARED_ANNOTATIONS)},
+                  # A copy of each: the specs share their CEL variables (YAML would print aliases).
+                  "spec": copy.deepcopy(spec)}
+                 for api_version, kind, name, spec in podfit.shared_admission_specs(routing))
 
 
 def guidance_document(group: NodeGroupGuidance) -> dict:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from . import defaults
@@ -282,10 +283,18 @@ _DROP_IN_KEYS = {
 
 
 def _as_rendered(sized: ClassSizing, spec: KataSizingPolicySpec, hypervisor: str, where: str) -> tuple[
-        ClassSizing, list[Problem]]:
+        ClassSizing, tuple[Problem, ...]]:
     """The class as Kata and Kubernetes will read it: its drop-in written to TOML and read
     back, its podFixed formatted as the RuntimeClass carries it and parsed again."""
-    info = spec.shim_info
+    return _read_back(sized, spec.shim_info, spec.hugepages, spec.sandbox_cgroup_only, hypervisor, where)
+
+
+# The read-back is two thirds of sizing a policy and the same for a class whose figures did not
+# change: the operator sizes every new generation of a policy, and a spec change most often
+# changes one class of four (docs/performance.md). Its inputs are frozen values.
+@lru_cache(maxsize=512)
+def _read_back(sized: ClassSizing, info: defaults.ShimInfo, hugepages: bool, sandbox_cgroup_only: bool,
+               hypervisor: str, where: str) -> tuple[ClassSizing, tuple[Problem, ...]]:
     base = replace(KataConfig.shipped(info), runtime=sized.runtime, hypervisor=hypervisor)
     written = replace(
         base,
@@ -294,8 +303,8 @@ def _as_rendered(sized: ClassSizing, spec: KataSizingPolicySpec, hypervisor: str
         default_maxmemory_mib=sized.default_maxmemory_mib,
         overhead_vcpus=sized.overhead_vcpus,
         overhead_memory_mib=sized.overhead_memory_mib,
-        enable_hugepages=spec.hugepages,
-        sandbox_cgroup_only=spec.sandbox_cgroup_only,
+        enable_hugepages=hugepages,
+        sandbox_cgroup_only=sandbox_cgroup_only,
         static_sandbox_resource_mgmt=True if sized.runtime is Runtime.RUST else base.static_sandbox_resource_mgmt,
         from_drop_in=frozenset(_DROP_IN_KEYS[sized.runtime]),
     )
@@ -319,7 +328,7 @@ def _as_rendered(sized: ClassSizing, spec: KataSizingPolicySpec, hypervisor: str
         pod_fixed_memory_mib=mib_ceil(memory_bytes(format_mib(sized.pod_fixed_memory_mib))),
         kata=kata,
     )
-    return read, reading.problems
+    return read, tuple(reading.problems)
 
 
 def _policy_where(index: int, name: str) -> Where:
@@ -386,7 +395,7 @@ def size_policy(policy: KataSizingPolicy) -> PolicySizing:
             _size_class(size_class, runtime, fn, spec, prefix), spec, hypervisor,
             f"the drop-in of spec.classes[{index}] ({size_class.name})")
         classes.append(sized)
-        problems += reading_problems
+        problems += list(reading_problems)
     problems += check_invariants(tuple(classes), fn, spec.admission)
     return PolicySizing(policy, runtime, hypervisor, fn, tuple(classes), tuple(problems))
 
