@@ -36,7 +36,9 @@ def test_the_job_s_memory_limit_holds_the_plan_of_its_own_policy(tmp_path: Path,
     assert args[0] == "probe"
     assert main([*args, "--plan", "--memory-dir", str(tmp_path)]) == 0
     planned = capsys.readouterr().err
-    needs_mib = int(re.search(r"needs a memory limit of at least (\d+) MiB", planned).group(1))
+    needed = re.search(r"needs a memory limit of at least (\d+) MiB", planned)
+    assert needed is not None, planned
+    needs_mib = int(needed.group(1))
     limit_mib = memory_bytes(container["resources"]["limits"]["memory"]) // MIB
     assert needs_mib <= limit_mib, planned
     # And whatever policy the ConfigMap is given: no VM above the cap boots.

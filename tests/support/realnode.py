@@ -123,7 +123,9 @@ DEFAULT_LABELS = {"katacontainers.io/kata-runtime": "true"}
 def image_name(archive: Path) -> str:
     """The name build-images.py gave the image (its index's io.containerd.image.name)."""
     with tarfile.open(archive) as tar:
-        index = json.load(tar.extractfile("index.json"))
+        member = tar.extractfile("index.json")
+        assert member is not None, f"{archive} holds no index.json"
+        index = json.load(member)
     return index["manifests"][0]["annotations"]["io.containerd.image.name"]
 
 
@@ -459,7 +461,7 @@ class Node:
         resources = {k: dict(v) for k, v in (("limits", limits), ("requests", requests)) if v}
         container = {"name": "main", "image": self.tools_image, "imagePullPolicy": "Never",
                      "command": command or ["/podtool", "pause"], "resources": resources}
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
                 "spec": {"containers": [container], "tolerations": [NODE_TOLERATION],
                          "terminationGracePeriodSeconds": 1, "restartPolicy": "Never", **spec}}
         if runtime_class:

@@ -168,7 +168,8 @@ def test_virtiofsd_starts_as_the_rust_runtime_starts_it():
 
 def read_cpio(archive: bytes) -> tuple[list[tuple[str, int, bytes]], int]:
     """(name, mode, data) of a newc archive up to its trailer, and where it ended."""
-    entries, offset = [], 0
+    entries: list[tuple[str, int, bytes]] = []
+    offset = 0
     while True:
         header = archive[offset:offset + 110]
         assert header[:6] == b"070701", (offset, header[:6])

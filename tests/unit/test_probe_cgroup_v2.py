@@ -68,8 +68,8 @@ class V2Kernel(vmrun.CgroupFiles):
         parent_enables = self._controllers_file(cgroup.parent)
         for name in CORE_FILES:
             if not (cgroup / name).exists():
-                text = {"cgroup.controllers": " ".join(parent_enables) + "\n", "cgroup.subtree_control": "\n"}
-                (cgroup / name).write_text(text.get(name, ""))
+                initial = {"cgroup.controllers": " ".join(parent_enables) + "\n", "cgroup.subtree_control": "\n"}
+                (cgroup / name).write_text(initial.get(name, ""))
         if "memory" in parent_enables:
             for name, text in MEMORY_FILES.items():
                 if not (cgroup / name).exists():

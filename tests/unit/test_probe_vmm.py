@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -24,7 +25,7 @@ from tests.support.paths import ROOT, SUPPORT
 
 FAKE_VMM = SUPPORT / "fake_vmm.py"
 # Two classes whose VMs, with --points 1, are 200 and 350 MiB (2 and 3 vCPUs).
-POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "p"},
+POLICY: dict[str, Any] = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "p"},
           "spec": {"shim": "qemu-runtime-rs", "classes": [
               {"name": "s", "cpu": "1", "memory": "64Mi"}, {"name": "m", "cpu": "2", "memory": "192Mi"}]}}
 S_VM, M_VM = "class s: the VM of 200 MiB (2 vCPU)", "class m: the VM of 350 MiB (3 vCPU)"
@@ -90,7 +91,7 @@ def fake(tmp_path: Path) -> Fake:
     return Fake(tmp_path, vmm, policy, memory_dir)
 
 
-def probe(*args: str, env: dict[str, str] | None = None, stdout: int | object = subprocess.PIPE,
+def probe(*args: str, env: dict[str, str] | None = None, stdout: int | IO[str] | None = subprocess.PIPE,
           timeout: float = 60, preexec=None) -> Ran:
     process = subprocess.Popen([sys.executable, "-m", "kata_sizing.cli", "probe", *args], stdout=stdout,
                                stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, preexec_fn=preexec)
@@ -162,7 +163,7 @@ def test_sigterm_or_ctrl_c_keeps_the_rows_written_and_stops_every_vm(fake: Fake,
                                env=fake.env("200:ok,hang"))
     try:
         assert process.stdout is not None
-        lines = []
+        lines: list[str] = []
         while not lines or not lines[-1].startswith(",,s,"):  # the first VM's row, written as it finished
             lines.append(process.stdout.readline())
             assert lines[-1], "the probe ended before its first row"

@@ -311,6 +311,7 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
     filled_s = time.monotonic() - started
     for name, (body, _, _) in pods.items():
         pod = real_node.cp.get(real_node.pod_path(body))
+        assert pod is not None, f"pod {name} is gone"
         state = pod["status"]["containerStatuses"][0]
         # podFixed covers the host side: the VMM runs on, never OOM-killed.
         assert "running" in state["state"] and state["restartCount"] == 0, (name, state)
@@ -331,7 +332,10 @@ def test_the_largest_pod_of_each_calibrated_class_uses_its_whole_limit_in_its_vm
                 return None
             if datetime.fromisoformat(measured["lastMeasured"].replace("Z", "+00:00")) <= filled:
                 return None
-            cgroup = real_node.pod_cgroup(cp.get(real_node.pod_path(body)))
+            live = cp.get(real_node.pod_path(body))
+            if live is None:
+                return None
+            cgroup = real_node.pod_cgroup(live)
             limit = int((cgroup / "memory.limit_in_bytes").read_text())
             found[name] = (measured, limit - working_set_bytes(cgroup), limit)
         last.update(found)
