@@ -50,7 +50,7 @@ $(CONTROLPLANE): $(CONTROLPLANE_SRC)
 
 controlplane: $(CONTROLPLANE)
 
-# The node (tests/realnode.py): Debian's containerd, runc, CNI plugins, iptables and
+# The node (tests/support/realnode.py): Debian's containerd, runc, CNI plugins, iptables and
 # busybox-static (installed by scripts/node/install-debs.sh when root with apt-get), and two
 # images written locally (scripts/node/build-images.py): nothing is pulled. Without root or
 # apt-get the node tests skip with one line saying why.
@@ -82,7 +82,7 @@ $(PROBE_INIT): $(wildcard operator/probe-init/*.go) operator/probe-init/go.mod
 
 probe-init: $(PROBE_INIT)
 
-# The VM tests' image (tests/test_node_vms.py): the tools image plus Debian's QEMU, a guest kernel
+# The VM tests' image (tests/vm/test_node_vms.py): the tools image plus Debian's QEMU, a guest kernel
 # from Debian's cloud kernel package with the modules Kata's devices need (scripts/node/fetch-guest-kernel.sh:
 # downloaded, not installed), virtiofsd, and the probe's initramfs after a stand-in for Kata's initrd.
 GUEST_KERNEL := $(TOOLS)/vm/vmlinuz
@@ -151,25 +151,28 @@ demo: $(STAMP)
 # KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure); likewise the image
 # tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1), and the node tests without Go,
 # root and apt-get (KATA_SIZING_REQUIRE_NODE=1). The 25 slowest steps are listed at the end: the
-# suite's budget is 12 minutes on 2 cores (docs/testing.md).
+# suite's budget is 12 minutes on 2 cores (docs/testing.md). Two pytest-xdist workers: one runs
+# whatever uses the session's control plane and node (in the order one process would), the other
+# the rest; TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: lint $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory node; \
 	else echo "go not found: the real control plane and the node are not built and their tests will skip"; fi
 	@if bash scripts/image/install-debs.sh; then $(MAKE) --no-print-directory image; \
 	else echo "the image is not built (see the line above) and its tests will skip"; fi
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
-# ruff over the whole tree (pyproject.toml [tool.ruff]) and mypy over core/, controller/, cli/ and vm.py
+# ruff over the whole tree (pyproject.toml [tool.ruff]) and mypy over core/, controller/, cli/, vm.py and tests/
 # ([tool.mypy]); `make test` runs both first, so a lint or type error fails CI.
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# The property and hostile-input tests of tests/test_fuzz.py with a larger budget than
+# The property and hostile-input tests of tests/unit/test_fuzz.py with a larger budget than
 # `make test` gives them (60 inputs per property); hypothesis prints how many it tried.
 FUZZ_EXAMPLES ?= 3000
 fuzz: $(STAMP)
-	KATA_SIZING_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics
+	KATA_SIZING_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_fuzz.py --hypothesis-show-statistics
 
 # The helm section compares `kata-sizing render` with `helm template` of the kata-deploy
 # chart, which is not in this repository: KATA_DEPLOY_CHART=<kata-containers checkout>/tools/packaging/kata-deploy/helm-chart/kata-deploy

@@ -48,6 +48,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -66,9 +67,17 @@ import aiohttp
 import yaml
 
 from bench.run import ROOT, Report, cpu_seconds, percentile, verdict
-from tests import realnode
-from tests.nodeoperator import serving_certificate
-from tests.realcluster import BINARY, KUBECTL, ApiError, ControlPlane, RealOperator, free_port, installed_control_plane
+from tests.support import realnode
+from tests.support.nodeoperator import serving_certificate
+from tests.support.realcluster import (
+    BINARY,
+    KUBECTL,
+    ApiError,
+    ControlPlane,
+    RealOperator,
+    free_port,
+    installed_control_plane,
+)
 
 CELCOST = ROOT / ".tools" / "celcost"
 BEFORE_FIXTURE = ROOT / "bench" / "fixtures" / "admission-policies-before.yaml"
@@ -256,6 +265,7 @@ def children_of(pid: int) -> dict[int, list[str]]:
 
 def apiserver_pid(cp: ControlPlane) -> int:
     """The control plane runs kube-apiserver as a child process of its own binary."""
+    assert cp.process is not None, "the control plane is not running"
     for pid, argv in children_of(cp.process.pid).items():
         if len(argv) > 1 and argv[1] == "kube-apiserver":
             return pid
@@ -409,7 +419,7 @@ def admission_cluster(work: Path, address: str, apiserver_args: tuple[str, ...] 
             probe = pod_spec(ONE, 0)
             for case in CASES:
                 if case.policy:
-                    wait_for(lambda case=case: _routed(cp, case, probe), 60, f"a pod in {case.namespace} routed")
+                    wait_for(functools.partial(_routed, cp, case, probe), 60, f"a pod in {case.namespace} routed")
             yield cp, operators
         finally:
             for operator in operators:
@@ -444,10 +454,10 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
 
 
 def measure(cp: ControlPlane, operators: list[RealOperator], settings: Settings,
-            progress: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Tally]]:
+            progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Tally]]:
     """{shape: {case name: Tally}}, and {shape: {IDLE: Tally}} for the idle blocks."""
     apiserver = apiserver_pid(cp)
-    webhook_pids = [o.process.pid for o in operators]
+    webhook_pids = [o.process.pid for o in operators if o.process is not None]
     creator = Creator(cp)
     results: dict[str, dict[str, Tally]] = {}
     rounds = max(1, math.ceil(settings.seconds / settings.block_seconds))
@@ -476,7 +486,8 @@ def measure(cp: ControlPlane, operators: list[RealOperator], settings: Settings,
                     delete_pods(cp, case.namespace)
                     # The deletions' watch events settle outside the next block.
                     time.sleep(min(0.5, settings.block_seconds / 4))
-            progress(f"{shape}: round {round_ + 1} of {rounds}")
+            if progress is not None:
+                progress(f"{shape}: round {round_ + 1} of {rounds}")
         results[shape] = tallies
     return results
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.operator_bench import CLASSES, operator_process, peak_rss_mib, policy, policy_ready, wait_until  # noqa: E402
-from tests.harness import running_emulator  # noqa: E402
+from tests.support.harness import running_emulator  # noqa: E402
 
 Report = Callable[[str, str, str, str], None]
 NODES = 500

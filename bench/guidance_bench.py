@@ -106,7 +106,7 @@ def bench_guidance(report: Callable[[str, str, str, str], None], quick: bool = F
 
     work = Path(tempfile.mkdtemp(prefix="kata-sizing-guidance-"))
     try:
-        from tests.harness import running_emulator
+        from tests.support.harness import running_emulator
 
         with running_emulator(work) as emu:
             for node in nodes:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.run import Report
-from tests import image as img
+from tests.support import image as img
 
 # Run inside the container by its own python3: time each command started afresh.
 DRIVER = r"""

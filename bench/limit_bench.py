@@ -35,11 +35,12 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 
+from bench import pass_profile
 from bench.plain_client import PlainClient
 from bench.realserver_bench import _peak_rss_mib, quiet
 from bench.run import ROOT, cpu_seconds, percentile
-from tests.operator_helpers import explicit_classes_policy
-from tests.realcluster import (
+from tests.support.policies import explicit_classes_policy
+from tests.support.realcluster import (
     BINARY,
     KUBECTL,
     OPERATOR_USER,
@@ -320,13 +321,17 @@ def _split(cp: ControlPlane, mark: int, start: float, end: float | None,
 
 
 def operator_cold_start(cp: ControlPlane, work: Path, bodies: list[dict], served: dict[str, str],
-                        code: Path | None = None):
-    """(seconds, the running operator); `code`: the `operator/` directory of another revision."""
+                        code: Path | None = None, profile: Path | None = None):
+    """(seconds, the running operator); `code`: the `operator/` directory of another revision;
+    `profile`: a folder for its profile (bench/pass_profile.py), started later by a signal."""
     batches = cold_start_batches(bodies, served)
     keys = expected_keys(batches)
     mark = cp.audit_offset()
     start = time.time()
-    operator = RealOperator(cp, work).start(**OPERATOR_ENV, **({"PYTHONPATH": str(code)} if code else {}))
+    env = {"PYTHONPATH": str(code)} if code else {}
+    if profile is not None:
+        env = pass_profile.environment(profile, "baseline" if code else "operator", code)
+    operator = RealOperator(cp, work).start(**OPERATOR_ENV, **env)
     try:
         end = wait_written(cp, mark, keys, 600, interval=0.5, paths=expected_paths(batches),
                            who="baseline" if code else "operator")
@@ -435,6 +440,9 @@ def bench_limit(report: Report, quick: bool = False) -> None:
     # -x -C DIR`, then DIR/operator): its operator takes a turn in every round too. It must write
     # the objects this revision writes (one since the shared admission policies).
     baseline = Path(os.environ["BENCH_LIMIT_BASELINE"]) if os.environ.get("BENCH_LIMIT_BASELINE") else None
+    # A folder: each operator's passes (policies created, spec changes) profiled by cProfile
+    # (bench/pass_profile.py); the section's times are then cProfile's, slower several times over.
+    profiles = os.environ.get("BENCH_LIMIT_PROFILE")
     work = Path(tempfile.mkdtemp(prefix="kata-sizing-limit-"))
     try:
         with installed_control_plane(work) as cp:
@@ -446,13 +454,31 @@ def bench_limit(report: Report, quick: bool = False) -> None:
                    f"{len(creation(counted, served, with_shared=True)['writes'])})",
                    str(len(creation(counted, served)["writes"])), "", "")
             for size in sizes:
-                _size(report, cp, work, served, size, cold_runs, samples, CONNECTIONS, baseline)
+                profile = Path(profiles) / f"{size}-policies" if profiles else None
+                _size(report, cp, work, served, size, cold_runs, samples, CONNECTIONS, baseline, profile)
+                if profile is not None:
+                    _profile_summary(report, profile, size)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _profile_summary(report: Report, folder: Path, size: int) -> None:
+    """What share of each operator's profiled CPU each part of its passes took."""
+    for who in ("operator", "baseline"):
+        paths = sorted(folder.glob(f"{who}-*.pstats"))
+        if not paths:
+            continue
+        total, parts, functions = pass_profile.shares(paths)
+        name = "operator" if who == "operator" else "baseline operator"
+        report(f"{name} profile, {size} policies: CPU under cProfile, {len(paths)} rounds", f"{total:.2f} s", "", "")
+        for part, share in parts.items():
+            report(f"  {part}", f"{share:.0%}", "", "")
+        report("  the functions of most own time: " + ", ".join(f"{fn} {share:.0%}" for fn, share in functions),
+               "", "", "")
+
+
 def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], size: int, cold_runs: int,
-          samples: int, connections: int, baseline: Path | None = None) -> None:
+          samples: int, connections: int, baseline: Path | None = None, profile: Path | None = None) -> None:
     """Rounds turn about (the plain client, the operator and, given `baseline`, the operator of
     that revision, each round starting one later), so that a change of the machine's load falls
     on all: each round a cold start, then, on the cluster it left, `samples` policies created and
@@ -487,17 +513,21 @@ def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], 
                     loop.close()
             else:
                 took, operator = operator_cold_start(cp, work, bodies, served,
-                                                     baseline if who == "baseline" else None)
+                                                     baseline if who == "baseline" else None, profile)
                 try:
                     keep(who, "cold", took)
                     cpu.setdefault((who, "cold"), []).append(cpu_seconds(operator.process.pid) / size)
                     quiet(cp, 0.5, 30)
+                    if profile is not None:
+                        pass_profile.start(operator.process.pid)
                     for i in range(samples):
                         with cpu_of(operator, cpu.setdefault((who, "created"), [])):
                             keep(who, "created", operator_created(cp, f"n{size}-{run}-{i}", served))
                     for i in range(samples):
                         with cpu_of(operator, cpu.setdefault((who, "changed"), [])):
                             keep(who, "changed", operator_spec_change(cp, names[i % size], served))
+                    if profile is not None:
+                        pass_profile.stop(operator.process.pid, profile, who)
                 finally:
                     peak_mib.setdefault(who, []).append(_peak_rss_mib(operator))
                     operator.stop()

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.operator_bench import operator_process, peak_rss_mib, policy, policy_ready, wait_until  # noqa: E402
-from tests.harness import running_emulator  # noqa: E402
-from tests.summaries import MIB, Figures, json_response, kata_pod, node, set_figures, summary  # noqa: E402
+from tests.support.harness import running_emulator  # noqa: E402
+from tests.support.summaries import MIB, Figures, json_response, kata_pod, node, set_figures, summary  # noqa: E402
 
 Report = Callable[[str, str, str, str], None]
 NODES, PODS_PER_NODE = 500, 40

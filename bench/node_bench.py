@@ -1,5 +1,5 @@
-"""`make bench` section "node": the operator as a Pod on the real node (tests/realnode.py), from
-its image (`make image`) and chart, as tests/test_node_operator.py runs it:
+"""`make bench` section "node": the operator as a Pod on the real node (tests/support/realnode.py), from
+its image (`make image`) and chart, as tests/node/test_node_operator.py runs it:
 
 - the image's import into the node's containerd;
 - `helm install --wait` (both replicas Ready), and the time from `helm install` to every class
@@ -28,9 +28,9 @@ from pathlib import Path
 import yaml
 
 from bench.run import Report, percentile, verdict
-from tests import image as img
-from tests import realnode as rn
-from tests.nodeoperator import (
+from tests.support import image as img
+from tests.support import realnode as rn
+from tests.support.nodeoperator import (
     NAMESPACE,
     POLICY_FILE,
     RELEASE,
@@ -38,7 +38,7 @@ from tests.nodeoperator import (
     guided_node_config,
     policy_runtime_classes,
 )
-from tests.realcluster import POLICIES, RUNTIME_CLASSES, installed_control_plane
+from tests.support.realcluster import POLICIES, RUNTIME_CLASSES, installed_control_plane
 
 MIB = 2**20
 LOCK_WAIT_S = 120
@@ -166,7 +166,7 @@ def _bench_webhook_rollout(report: Report, release: OperatorRelease, rounds: int
     pod it could not route is refused by the envelope policy, rule pod-not-routed) or admitted
     without a class; then what a pod gets with no replica running."""
     from bench.admission_bench import ONE, Case, Creator, Tally, pod_spec
-    from tests.realnode import NODE_TOLERATION
+    from tests.support.realnode import NODE_TOLERATION
 
     cp = release.cp
     cp.apply({"apiVersion": "v1", "kind": "Namespace",

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import running_emulator  # noqa: E402
+from tests.support.harness import running_emulator  # noqa: E402
 
 CLASSES = 4
 CONFIGMAPS = 2  # values overlay and drop-ins; node guidance is a third when nodes exist

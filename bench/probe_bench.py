@@ -5,7 +5,7 @@
   kernel's modules, virtiofsd beside QEMU: what `make node` builds; TCG where KVM does not run guests):
   its wall time against the estimate the plan printed.
 - The probe's own peak resident memory (getrusage of its process alone) while a guest writes 200
-  MiB on its console, against a quiet guest's: the guest is tests/fake_vmm.py, a stand-in for QEMU
+  MiB on its console, against a quiet guest's: the guest is tests/support/fake_vmm.py, a stand-in for QEMU
   that writes what a flooding guest would, so the figure is the probe's and not QEMU's.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from bench.run import ROOT, Report, verdict
-from tests import kata_vm
+from tests.support import kata_vm
 
 RSS_TARGET_MIB = 100
 FLOOD_MIB = 200

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.run import percentile, verdict
-from tests.operator_helpers import explicit_classes_policy
-from tests.realcluster import (
+from tests.support.policies import explicit_classes_policy
+from tests.support.realcluster import (
     BINARY,
     KUBECTL,
     POLICIES,

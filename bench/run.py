@@ -9,6 +9,7 @@ printed as MISS. Sections live in SECTIONS (add yours there); pick some with
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import math
 import statistics
@@ -77,7 +78,7 @@ def bench_core(report: Report, quick: bool = False) -> None:
     policies["default s/m/l/xl (qemu-runtime-rs)"] = parse_policy(
         {"metadata": {"name": "bench"}, "spec": {"shim": "qemu-runtime-rs"}})
     for name, policy in policies.items():
-        timings = _timed_ms(lambda policy=policy: render_policy(policy), runs)
+        timings = _timed_ms(functools.partial(render_policy, policy), runs)
         median, p95 = statistics.median(timings), percentile(timings, 0.95)
         report(f"render {name} ({len(policy.spec.effective_classes)} classes), median",
                f"{median:.2f} ms", f"< {RENDER_TARGET_MS:g} ms", verdict(median < RENDER_TARGET_MS))
@@ -174,7 +175,7 @@ SECTIONS: dict[str, Callable[[Report, bool], None]] = {
     "measurement": _external("bench.measurement_bench", "bench_measurement"),
     # `survey` of a saved 20,000-pod list, read a pod at a time.
     "survey": _external("bench.survey_bench", "bench_survey"),
-    # The operator as a Pod on the real node (tests/realnode.py): install, memory, handover, the
+    # The operator as a Pod on the real node (tests/support/realnode.py): install, memory, handover, the
     # routing webhook during a rollout.
     "node": _external("bench.node_bench", "bench_node"),
     # `probe`: a two-class plan booted under TCG, and the probe's memory while a guest floods its console.

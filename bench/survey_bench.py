@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.summaries import MIB, Figures, summary, write_pod_list
+from tests.support.summaries import MIB, Figures, summary, write_pod_list
 
 PEAK_TARGET_MIB = 256  # the operator chart's memory limit: the CLI stays well within what a pod gets
 POLICY = {"apiVersion": "katasizing.dev/v1alpha1", "kind": "KataSizingPolicy", "metadata": {"name": "qemu-rs"},

@@ -11,7 +11,7 @@
   modules of --vm-modules, after the stand-in Kata initrd of --vm-kata-initrd), the virtio-fs daemon of
   --vm-virtiofsd at /usr/libexec/virtiofsd (with its libraries) and the workload's binary at
   /vm/workload: a pod of it runs a VM as Kata's runtime would, virtiofsd beside it
-  (tests/test_node_vms.py). Written with the project's venv Python, which has kata_sizing (the
+  (tests/vm/test_node_vms.py). Written with the project's venv Python, which has kata_sizing (the
   initramfs is core/kataguest.py's).
 
 No image can be pulled on the test machines, so the node imports these into containerd

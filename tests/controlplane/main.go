@@ -92,7 +92,7 @@ const (
 // real node; the first three are all the API-server-only tests use. No daemonset
 // controller: a kata-deploy DaemonSet applied by a test must stay a stored object. The
 // ValidatingAdmissionPolicy status controller type-checks each policy's CEL against the
-// types it matches and writes status.typeChecking (tests/test_real_admission.py reads it).
+// types it matches and writes status.typeChecking (tests/api/test_real_admission.py reads it).
 const defaultControllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller," +
 	"deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller," +
 	"endpointslice-mirroring-controller,root-ca-certificate-publisher-controller,disruption-controller," +

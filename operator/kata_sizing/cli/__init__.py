@@ -7,7 +7,7 @@ A command is a module of this package with `HELP` (its line in `kata-sizing --he
 `add_arguments(parser)` and `run(args) -> int`, named in COMMANDS. Only the command being
 run is imported (and builds its flags): a module imports at its top only what its flags
 need, the rest inside `run`; kopf and the kubernetes client are imported only by `operator`,
-matplotlib only with `--plot`. `tests/test_layers.py` holds both.
+matplotlib only with `--plot`. `tests/unit/test_layers.py` holds both.
 """
 
 from __future__ import annotations

@@ -173,9 +173,14 @@ def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
     body = copy.deepcopy(live)
     meta = body.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), **_decided_labels(desired, guarded)}
-    owners = [o for o in meta.get("ownerReferences") or []]
+    wanted = desired["metadata"].get("ownerReferences") or []
+    # A reference to an earlier policy of the same name (deleted and made again before the garbage
+    # collector reached this object) is replaced by ours: the API server refuses an object with
+    # two controllers, and the object is this policy's now.
+    owners = [o for o in meta.get("ownerReferences") or []
+              if not any(_same_owner_named(o, w) and o.get("uid") != w["uid"] for w in wanted)]
     owner_uids = {o.get("uid") for o in owners}
-    for owner in desired["metadata"].get("ownerReferences") or []:
+    for owner in wanted:
         if owner["uid"] not in owner_uids:
             owners.append(owner)
     if owners:
@@ -205,6 +210,10 @@ def corrected(desired: dict, live: dict, guarded: bool = False) -> dict:
     else:
         body["data"] = copy.deepcopy(desired.get("data") or {})
     return body
+
+
+def _same_owner_named(live: dict, wanted: dict) -> bool:
+    return all(live.get(k) == wanted.get(k) for k in ("apiVersion", "kind", "name"))
 
 
 def is_shared(obj: dict | None) -> bool:

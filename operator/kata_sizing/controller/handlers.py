@@ -198,6 +198,12 @@ async def _discover_admission(api: KubeApi) -> dict[str, str]:
 
 
 async def on_cleanup(memo: kopf.Memo, **_) -> None:
+    # kopf gives the operator's stop flag a waiter task that it does not cancel when it stops for
+    # another reason (a SIGTERM), and then waits 5 s for that task before it exits (kopf 1.45's
+    # run_tasks): the flag set here, the process exits as soon as this cleanup is done.
+    stop: asyncio.Event | None = getattr(memo, "crd_stop", None)
+    if stop is not None:
+        stop.set()
     state: OperatorState | None = getattr(memo, "state", None)
     if state is None:
         return

@@ -6,7 +6,7 @@ The status is the pydantic model the CRD's schema is generated from
 (`status_fields`). What an event or a status line says about an object comes from the reason
 `plan.decide` gave with its action (`_said`), never from looking at the object again.
 
-The conclusion is read from tables, each walked row by row by tests/test_conclude.py: what each
+The conclusion is read from tables, each walked row by row by tests/unit/test_conclude.py: what each
 outcome of an action says (`ACTION_OUTCOMES`: a line of the status, an event, a drift count),
 which reason InSync gives when several hold (`IN_SYNC_ORDER`), and when an event of the pass as
 a whole is news (`News`).
@@ -439,7 +439,7 @@ def _either_drift(what: str, result: str | None, said: ActionSays) -> dict[Outco
     return {(what, result, drift): said for drift in (True, False)}
 
 
-# What each outcome of an action says; every combination is a row (tests/test_conclude.py).
+# What each outcome of an action says; every combination is a row (tests/unit/test_conclude.py).
 ACTION_OUTCOMES: dict[OutcomeKey, ActionSays] = {
     # A write that landed: a hand edit put back is a correction, counted; anything else is applied.
     (WRITE, DONE, True): ActionSays(event=cond.EVENT_DRIFT_CORRECTED, counter=DRIFT_CORRECTIONS),

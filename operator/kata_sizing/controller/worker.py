@@ -11,7 +11,7 @@ processor (`process`), and what feeds the queue.
   that failed after the delay `retry.retry_delay_s` gives, the same whatever queued it.
 
 A policy's item runs for the strongest reason asked (`plan.PASS_TRIGGERS`), never two at once.
-Nothing else runs `reconcile.run_pass` (tests/test_layers.py holds it).
+Nothing else runs `reconcile.run_pass` (tests/unit/test_layers.py holds it).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ so that they cannot drift apart:
   binding's validationActions apply to every validation of its policy, and each rule has its
   own action) and a MutatingAdmissionPolicy for the routing, the same for every policy, with
   `paramKind: ConfigMap`, named for the parameters' contract (ADMISSION_CONTRACT); each policy
-  binds them to its own figures (`binding_specs`, `params_data`). tests/test_podfit.py runs a
+  binds them to its own figures (`binding_specs`, `params_data`). tests/unit/test_podfit.py runs a
   table of pods through both, the CEL on the real API server.
 
 Pods are read by podread.py (`pod_spec_of`, `pod_limits`: Kubernetes' own effective limits).
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 # The MutatingAdmissionPolicy version Kubernetes 1.37 serves: admissionregistration.k8s.io/v1
 # only (v1beta1 and v1alpha1 are off by default), checked on the real control plane by
-# tests/test_real_admission.py.
+# tests/api/test_real_admission.py.
 MUTATING_API_VERSION = "admissionregistration.k8s.io/v1"
 
 RULE_MEMORY_LIMIT_MISSING = "pod-memory-limit-missing"
@@ -558,7 +558,7 @@ def admission_names(policy_name: str) -> dict[str, str]:
 # name the shared CEL that reads its parameters. Within a version the CEL changes only in ways
 # that read the same keys the same way; a change that needs other parameters is a new version,
 # whose shared objects the install carries beside the old ones until every policy's objects have
-# moved (docs/gitops.md, upgrades). tests/test_podfit.py holds the keys of each version.
+# moved (docs/gitops.md, upgrades). tests/unit/test_podfit.py holds the keys of each version.
 ADMISSION_CONTRACT = "v1"
 
 # The three admission policies every KataSizingPolicy shares (docs/admission.md): the CEL is the
@@ -760,7 +760,7 @@ def binding_specs(sizing: PolicySizing, params_name: str) -> list[tuple[str, str
     A binding whose parameters are missing judges nothing (`parameterNotFoundAction: Allow`). The
     API server looks the parameters up before it evaluates any match condition, so with Deny it
     refuses every pod of the binding's namespaces, Kata or not, for as long as the ConfigMap is
-    missing (seen on the real server, tests/test_real_admission_gitops.py): while a GitOps prune
+    missing (seen on the real server, tests/api/test_real_admission_gitops.py): while a GitOps prune
     or a teardown removes the ConfigMap before the binding, or for good once the output namespace
     is deleted under a policy that stays. The operator writes the parameters before the bindings
     and puts a deleted ConfigMap back; whoever may delete it could as well widen its envelopes."""
