@@ -471,7 +471,7 @@ def _profile_summary(report: Report, folder: Path, size: int) -> None:
         total, parts, functions = pass_profile.shares(paths)
         name = "operator" if who == "operator" else "baseline operator"
         report(f"{name} profile, {size} policies: CPU under cProfile, {len(paths)} rounds", f"{total:.2f} s", "", "")
-        for part, share in parts.items():
+        for part, share in parts:
             report(f"  {part}", f"{share:.0%}", "", "")
         report("  the functions of most own time: " + ", ".join(f"{fn} {share:.0%}" for fn, share in functions),
                "", "", "")

@@ -1,14 +1,14 @@
 """Where the operator's CPU goes in its passes, before and after a change (`make bench`, section
 `limit`, with BENCH_LIMIT_PROFILE=DIR).
 
-The operator process is started with DIR first on its PYTHONPATH, where `sitecustomize.py` (written
-here) sets up cProfile without starting it: SIGUSR1 starts it, SIGUSR2 stops it and writes the
-profile to DIR/<who>-<pid>.pstats. The limit section sends SIGUSR1 once the operator's cold start
+The operator process is started with DIR first on its PYTHONPATH, where `sitecustomize.py`
+(written here) sets up cProfile on the process's CPU time without starting it: SIGUSR1 starts it,
+SIGUSR2 stops it and writes the profile to DIR/<who>-<pid>.pstats. The limit section sends SIGUSR1 once the operator's cold start
 is over and SIGUSR2 after its policies created and spec changes, so a profile holds only those
 passes (their watch events, decisions, renders and requests), not the imports and the first
-passes of the cold start. `summary` reads the profiles of each operator (this checkout's and,
+passes of the cold start. `shares` reads the profiles of each operator (this checkout's and,
 with BENCH_LIMIT_BASELINE, the other revision's) and says what share of the profiled CPU each part
-of the pass took. cProfile slows the process several times over, so its figures are shares, never
+took (ROOTS). cProfile slows the process several times over, so its figures are shares, never
 times: the times are the section's own, measured without it.
 """
 
@@ -30,8 +30,9 @@ _WHO = os.environ.get("{env}")
 if _WHO:
     import cProfile
     import signal
+    import time
 
-    _profile = cProfile.Profile()
+    _profile = cProfile.Profile(time.process_time)  # CPU time: the waits in epoll are not the pass's
 
     def _start(*_):
         _profile.enable()
@@ -44,20 +45,21 @@ if _WHO:
     signal.signal(signal.SIGUSR2, _stop)
 '''
 
-# The parts of a pass, by the file a function is defined in: the first that matches names it.
-PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("render and the sizing core (classes, drop-ins, RuntimeClasses, admission objects)",
-     ("kata_sizing/core/render", "kata_sizing/core/sizing", "kata_sizing/core/podfit", "kata_sizing/core/yamlout",
-      "kata_sizing/core/dropins", "kata_sizing/core/rules", "kata_sizing/core/model", "kata_sizing/core/")),
-    ("decide and compare (plan, compare, status)", ("kata_sizing/controller/plan", "kata_sizing/controller/compare",
-                                                    "kata_sizing/controller/status", "kata_sizing/controller/conditions",
-                                                    "kata_sizing/controller/decide")),
-    ("the operator's request path (kube.py, the kubernetes client)", ("kata_sizing/controller/kube",
-                                                                       "kubernetes_asyncio/", "kubernetes/")),
-    ("HTTP and JSON (aiohttp, json)", ("aiohttp/", "/json/", "yarl/", "multidict/")),
-    ("kopf's event handling", ("kopf/",)),
-    ("pydantic", ("pydantic",)),
-    ("asyncio", ("asyncio/",)),
+# Where the CPU goes: the share of the profiled CPU spent inside each of these functions (their
+# cumulative time; the indented ones are inside the pass, so the shares overlap).
+ROOTS: tuple[tuple[str, str, str], ...] = (
+    ("passes (reconcile.run_pass)", "controller/reconcile", "run_pass"),
+    ("  reading what a pass knows (gather)", "controller/gather", "gather"),
+    ("  rendering (plan.intent_of: sizing, drop-ins, objects)", "controller/plan", "intent_of"),
+    ("  deciding (plan.plan_pass: every object against its live one)", "controller/plan", "plan_pass"),
+    ("  writing (execute, the requests)", "controller/execute", "_write_once"),
+    ("  the status (status.conclude)", "controller/status", "conclude"),
+    ("the requests (kube._send: the kubernetes client and aiohttp)", "controller/kube", "_send"),
+    ("kopf's handling of the policies' watch events", "kopf/_core/reactor/queueing", "worker"),
+    ("the informers' watch events", "controller/informer", "run"),
+    ("the guidance check (every policy's inputs, each interval)", "controller/worker", "watch_guidance"),
+    ("the measurement loop's bookkeeping", "controller/measurement", "targets"),
+    ("TLS and the event loop's reads (asyncio sslproto)", "asyncio/sslproto", "buffer_updated"),
 )
 
 
@@ -85,22 +87,15 @@ def stop(pid: int, folder: Path, who: str, timeout: float = 30) -> Path:
     return written
 
 
-def _part(filename: str) -> str:
-    for part, needles in PARTS:
-        if any(needle in filename for needle in needles):
-            return part
-    return "other (the standard library, logging, the rest)"
-
-
-def shares(paths: list[Path]) -> tuple[float, dict[str, float], list[tuple[str, float]]]:
-    """(the profiled CPU seconds, {part: share of them by own time}, the 8 functions of most own
+def shares(paths: list[Path]) -> tuple[float, list[tuple[str, float]], list[tuple[str, float]]]:
+    """(the profiled CPU seconds, [(part, share of them)] for ROOTS, the 8 functions of most own
     time with their shares) over the profiles `paths`."""
     stats = pstats.Stats(*(str(p) for p in paths))
     entries = stats.stats  # type: ignore[attr-defined]  # {(file, line, name): (cc, nc, tt, ct, callers)}
     total = sum(tt for _, _, tt, _, _ in entries.values()) or 1.0
-    parts: dict[str, float] = {}
-    for (filename, _, _), (_, _, tt, _, _) in entries.items():
-        parts[_part(filename)] = parts.get(_part(filename), 0.0) + tt / total
+    parts = [(label, sum(ct for (filename, _, name), (_, _, _, ct, _) in entries.items()
+                         if where in filename and name == function) / total)
+             for label, where, function in ROOTS]
     top = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)[:8]
     functions = [(f"{Path(filename).name}:{name}", tt / total) for (filename, _, name), (_, _, tt, _, _) in top]
-    return total, dict(sorted(parts.items(), key=lambda item: item[1], reverse=True)), functions
+    return total, parts, functions
