@@ -219,7 +219,9 @@ def test_a_foreign_admission_policy_with_one_of_its_names_is_a_conflict_and_neve
     assert kube.read(VAPB, "kata-sizing-taken-envelope")["metadata"]["resourceVersion"] == \
         created["metadata"]["resourceVersion"]
     assert not kube.writes(kind=VAPB, name="kata-sizing-taken-envelope")
-    assert any("kata-sizing-taken-envelope" in m for m in kube.event_messages(cond.EVENT_CONFLICT))
+    # The pass posts its event after the status it wrote.
+    kube.wait_for(lambda: any("kata-sizing-taken-envelope" in m for m in kube.event_messages(cond.EVENT_CONFLICT)),
+                  message=lambda: f"a Conflict event naming the binding; events: {kube.events()}")
 
 
 def test_report_mode_reports_a_hand_edit_of_an_admission_policy_and_leaves_it(kube):
