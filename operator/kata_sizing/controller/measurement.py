@@ -113,6 +113,10 @@ def next_turn(node: str, interval_s: float, after: float) -> float:
     return after + (phase - after) % interval_s
 
 
+# ({class: window}, {class: (threshold, podFixed, guest budget)}, {class: policy}).
+_ClassTable = tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int, int]], dict[str, str]]
+
+
 class MeasurementLoop:
     """`read(node)` returns a node's Summary (either access, see controller/kubelet.py) or raises;
     `pods` is the operator's pod cache (an Informer of cluster.PodRequest keyed by uid)."""
@@ -131,6 +135,7 @@ class MeasurementLoop:
         self._config_version = 0
         self._targets_key: tuple | None = None
         self._targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
+        self._table: tuple[int, _ClassTable] | None = None  # (_config_version, _class_table())
         self._pruned_for: tuple | None = None
         self.next_due: dict[str, float] = {}
         self.in_flight: set[str] = set()
@@ -170,13 +175,19 @@ class MeasurementLoop:
     def policies(self) -> list[MeasuredPolicy]:
         return [record.policy for record in self.measured.values()]
 
-    def _class_table(self) -> tuple[dict[str, float], dict[str, tuple[HeadroomThreshold, int, int]], dict[str, str]]:
+    def _class_table(self) -> _ClassTable:
+        """({class: window}, {class: (threshold, podFixed, guest budget)}, {class: policy}), built
+        again only when the configuration changed: every node's reading asks for it, and building
+        it walks every policy's classes (O(nodes x policies) an interval; docs/performance.md)."""
+        if self._table is not None and self._table[0] == self._config_version:
+            return self._table[1]
         windows, thresholds, owner = {}, {}, {}
         for policy in self.policies():
             for runtime_class, (_, pod_fixed, guest_budget) in policy.classes.items():
                 windows[runtime_class] = policy.window_s
                 thresholds[runtime_class] = (policy.threshold, pod_fixed, guest_budget)
                 owner[runtime_class] = policy.name
+        self._table = (self._config_version, (windows, thresholds, owner))
         return windows, thresholds, owner
 
     def targets(self) -> dict[str, tuple[float, dict[str, KataPod]]]:
