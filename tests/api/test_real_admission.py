@@ -263,7 +263,9 @@ def test_routing_at_every_envelope_boundary(fit_cluster, cpu, memory, expected) 
     for pod in (by_label, by_namespace):
         proc = dry_run(cp, [pod], "-o", "json")
         if expected is None:
-            assert proc.returncode != 0
+            assert proc.returncode != 0, (
+                f"{pod['metadata']['namespace']}/{pod['metadata']['name']} admitted with runtimeClassName "
+                f"{json.loads(proc.stdout)['spec'].get('runtimeClassName')!r}; warnings: {proc.stderr!r}")
             [finding] = podfit.check_pod(pod, sizing, namespace_labels={podfit.POLICY_LABEL: "fit"}, routed=True)
             assert finding.rule == podfit.RULE_NOT_ROUTED and finding.message in proc.stderr
             continue
