@@ -151,9 +151,10 @@ demo: $(STAMP)
 # KATA_SIZING_REQUIRE_CONTROLPLANE=1, which turns that skip into a failure); likewise the image
 # tests without root and apt-get (KATA_SIZING_REQUIRE_IMAGE=1), and the node tests without Go,
 # root and apt-get (KATA_SIZING_REQUIRE_NODE=1). The 25 slowest steps are listed at the end: the
-# suite's budget is 12 minutes on 2 cores (docs/testing.md). Two pytest-xdist workers: one runs
-# whatever uses the session's control plane and node (in the order one process would), the other
-# the rest; TEST_WORKERS=0 runs the suite in this process.
+# suite's budget is 12 minutes on 2 cores (docs/testing.md). Two pytest-xdist workers: the node's
+# tests in one, the other tests of a session control plane in one, each with a control plane of its
+# own, the rest wherever a worker is free (tests/support/realcluster.py: xdist_group); TEST_WORKERS=0
+# runs the suite in this process.
 TEST_WORKERS ?= 2
 test: lint $(TOOLS)/kubectl $(CRDS)
 	@if command -v go >/dev/null 2>&1; then $(MAKE) --no-print-directory node; \

@@ -30,6 +30,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -552,32 +553,84 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The node tests run after the others: until the node joins, the session's control plane
     has no node (the operator's node guidance and the tests' pods see what they always saw).
     The RBAC coverage test reads the whole session's audit log: it runs last. Run by pytest-xdist
-    (`make test`: `-n 2 --dist loadgroup`), each test is given its group (`xdist_group`)."""
+    (`make test`: `-n 2 --dist loadgroup`), each worker writes each test's group (`xdist_group`)
+    where the controller's scheduler reads it (`pytest_xdist_make_scheduler`)."""
     last = [i for i in items if i.name.startswith("test_every_grant_of_the_clusterrole_is_used")]
     node = [i for i in items if i.get_closest_marker("node") and i not in last]
     items[:] = [i for i in items if i not in last and i not in node] + node + last
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            group = xdist_group(item)
-            if group is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
+    folder = getattr(config, "workerinput", {}).get(GROUPS_FOLDER)
+    if folder is not None:
+        groups = {item.nodeid: group for item in items if (group := xdist_group(item)) is not None}
+        worker = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        (Path(folder) / f"{worker}.json.tmp").write_text(json.dumps(groups))
+        (Path(folder) / f"{worker}.json.tmp").rename(Path(folder) / f"{worker}.json")
 
 
-# What runs on the session's control plane (and its node): `kube` does on its realserver tier.
-SESSION_FIXTURES = frozenset({"control_plane", "real_operator", "real_node", "node_namespace"})
+# What runs on the session's control plane: `kube` does on its realserver tier. And what runs on
+# the session's node (which joins that worker's control plane).
+SESSION_FIXTURES = frozenset({"control_plane", "real_operator"})
+NODE_FIXTURES = frozenset({"real_node", "node_namespace"})
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """Every test of the session's control plane and node in one worker, in the order above, as
-    when the suite runs in one process (one node per machine, its lock held for the session; the
-    RBAC check reads the whole audit log); a module that starts control planes of its own in one
-    worker, so its module-scoped ones start once; the rest wherever a worker is free."""
+    """The tests of the node in one worker ("node": one node per machine, its lock held for the
+    session); the other tests of the session's control plane in one worker ("cluster", the RBAC
+    check last: the API tier alone uses every grant, and it reads that worker's whole audit log);
+    a module that starts control planes of its own in one worker, so its module-scoped ones start
+    once; the rest wherever a worker is free. Each worker that runs "cluster" or "node" starts a
+    session control plane of its own."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if NODE_FIXTURES & fixtures or item.get_closest_marker("node"):
+        return "node"
     kube = getattr(getattr(item, "callspec", None), "params", {}).get("kube")
-    if SESSION_FIXTURES & set(getattr(item, "fixturenames", ())) or kube == "realserver":
+    if SESSION_FIXTURES & fixtures or kube == "realserver":
         return "cluster"
-    if item.get_closest_marker("realserver") or item.get_closest_marker("node"):
+    if item.get_closest_marker("realserver") or item.get_closest_marker("image"):
         return item.nodeid.split("::")[0]
     return None
+
+
+# pytest-xdist 3.8's own loadgroup adds the group to a test's node id through an attribute pytest
+# 9 no longer reads (its tests then went wherever a worker was free). So the groups go from the
+# workers to the controller through files, and the controller schedules by them.
+GROUPS_FOLDER = "kata_sizing_xdist_groups"
+_GROUPS_KEY = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Controller: each worker is told where to write its tests' groups."""
+    config = node.config
+    if _GROUPS_KEY not in config.stash:
+        config.stash[_GROUPS_KEY] = Path(tempfile.mkdtemp(prefix="kata-sizing-xdist-groups-"))
+    node.workerinput[GROUPS_FOLDER] = str(config.stash[_GROUPS_KEY])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_GROUPS_KEY, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Controller, `--dist loadgroup`: whole groups to a worker, the rest test by test."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # asked first once every worker has collected (and written)
+                folder = config.stash.get(_GROUPS_KEY, None)
+                self.groups = {}
+                for path in sorted(folder.glob("*.json")) if folder is not None else ():
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
