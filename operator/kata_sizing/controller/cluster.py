@@ -7,6 +7,7 @@ watches), so recomputing guidance costs no API call.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -169,7 +170,7 @@ def namespace_labels(namespace: Mapping) -> dict[str, str]:
     return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def is_kata_class(runtime_class: str | None, kata_classes: set[str]) -> bool:
+def is_kata_class(runtime_class: str | None, kata_classes: AbstractSet[str]) -> bool:
     # kata-deploy names its RuntimeClasses kata-<shim> (and `kata` for the default one).
     if not runtime_class:
         return False
@@ -180,7 +181,7 @@ def facts_for_nodes(
     nodes: Iterable[NodeSummary],
     pods_by_node: Mapping[str, Iterable[PodRequest]],
     selector: Mapping[str, str],
-    kata_classes: set[str],
+    kata_classes: AbstractSet[str],
 ) -> list[NodeFacts]:
     facts = []
     for node in nodes:

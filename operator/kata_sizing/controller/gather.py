@@ -1,9 +1,10 @@
 """Gathering: everything a pass knows before it decides, read from the operator's caches (and,
 for a wanted name the caches cannot vouch for, from the API), into one frozen `plan.Gathered`.
 
-Node facts, the audit of unmanaged RuntimeClasses, a policy's pod audit and its intent (parse,
-size, render) are computed once per change of what they read and shared by every pass; a
-policy's sizing once per generation, in its record.
+Node facts and the audit of unmanaged RuntimeClasses are computed once per change of what they
+read and shared by every pass (`memoized`: one slot each, replaced when what it read moved); a
+policy's sizing once per generation and its intent (parse, size, render) once per generation and
+node facts, both in its record.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from .state import OperatorState, PolicyRecord
 # How long a pass waits for the node and pod caches' first list before it goes on without
 # node facts (the guidance ConfigMap is then left as it was). Seconds.
 INFORMER_SYNC_TIMEOUT_S = 20
-DERIVED_ENTRIES = 64
+# More slots than this (node facts are one slot per node selector): all are dropped and computed
+# again on demand. Per-policy values live in the policy's record, so this bounds selectors only.
+DERIVED_SLOTS = 256
 
 
 def versions(state: OperatorState) -> tuple[int, int, int, int]:
@@ -52,20 +55,25 @@ async def pass_inputs(state: OperatorState, body: Mapping) -> PassInputs:
                       pod_findings=tuple(pods) if pods is not None else None)
 
 
-def memoized(state: OperatorState, key: Hashable, compute: Callable[[], object]):
-    found = state.derived.get(key)
-    if found is None:
-        if len(state.derived) > DERIVED_ENTRIES:
+def memoized(state: OperatorState, slot: Hashable, version: Hashable, compute: Callable[[], object]):
+    """The value in `slot` computed from `version` of what it reads; computed again (and the
+    slot's old value dropped) when the version moved. One slot per kind of value, not one entry
+    per version: a bounded cache of (kind, version) entries with a policy's intent among them was
+    cleared every 64 passes at 200 policies, and every shared value computed again after it."""
+    found = state.derived.get(slot)
+    if found is None or found[0] != version:
+        if found is None and len(state.derived) >= DERIVED_SLOTS:
             state.derived.clear()
-        found = state.derived[key] = (compute(),)
-    return found[0]
+        found = state.derived[slot] = (version, compute())
+    return found[1]
 
 
 def _facts_key(state: OperatorState, body: Mapping) -> tuple:
+    """(the facts' slot: their node selector, the versions they read)."""
     selector = ((body.get("spec") or {}).get("nodes") or {}).get("selector")
     if selector is None:
         selector = dict(defaults.KATA_NODE_LABEL)
-    return ("facts", state.nodes.version, state.pods.version, state.desired.version, tuple(sorted(selector.items())))
+    return ("facts", tuple(sorted(selector.items()))), (state.nodes.version, state.pods.version, state.desired.version)
 
 
 async def node_facts(state: OperatorState, body: Mapping) -> tuple | None:
@@ -76,11 +84,11 @@ async def node_facts(state: OperatorState, body: Mapping) -> tuple | None:
                 await asyncio.gather(state.nodes.synced.wait(), state.pods.synced.wait())
         except TimeoutError:
             return None
-    key = _facts_key(state, body)
-    selector = dict(key[-1])
-    pods_by_node = memoized(state, ("pods-by-node", state.pods.version), lambda: _pods_by_node(state))
-    kata_classes = memoized(state, ("kata-classes", state.desired.version), state.desired.runtime_class_names)
-    return memoized(state, key, lambda: tuple(
+    slot, version = _facts_key(state, body)
+    selector = dict(slot[-1])
+    pods_by_node = memoized(state, "pods-by-node", state.pods.version, lambda: _pods_by_node(state))
+    kata_classes = state.desired.runtime_class_names()
+    return memoized(state, slot, version, lambda: tuple(
         cluster.facts_for_nodes(state.nodes.items.values(), pods_by_node, selector, kata_classes)))
 
 
@@ -130,7 +138,7 @@ def pod_findings(state: OperatorState, body: Mapping) -> list[dict] | None:
     sizing = policy_sizing(state, body)
     if sizing is None:
         return None
-    by_class = memoized(state, ("pods-by-class", state.pods.version), lambda: _pods_by_class(state))
+    by_class = memoized(state, "pods-by-class", state.pods.version, lambda: _pods_by_class(state))
     candidates = [p for c in sizing.classes for p in by_class.get(c.runtime_class, ())]
     candidates += by_class.get(f"routed-by:{sizing.policy.name}", ())
     findings = []
@@ -159,9 +167,9 @@ def unmanaged_audit(state: OperatorState) -> list | None:
     of them again on each pass cost O(policies²) (docs/performance.md)."""
     if not state.children.runtime_classes.synced.is_set():
         return None
-    unmanaged = memoized(state, ("unmanaged", state.children.runtime_classes.version, state.desired.version),
+    unmanaged = memoized(state, "unmanaged", (state.children.runtime_classes.version, state.desired.version),
                          lambda: _unmanaged_runtime_classes(state))
-    return memoized(state, ("audit", unmanaged[0]), lambda: audit_runtime_classes(list(unmanaged[1]), set()))
+    return memoized(state, "audit", unmanaged[0], lambda: audit_runtime_classes(list(unmanaged[1]), set()))
 
 
 def _unmanaged_runtime_classes(state: OperatorState) -> tuple[frozenset, tuple[dict, ...]]:
@@ -173,13 +181,18 @@ def _unmanaged_runtime_classes(state: OperatorState) -> tuple[frozenset, tuple[d
 
 
 def intent(state: OperatorState, body: Mapping, facts: tuple | None) -> Intent:
-    """What the policy wants with these node facts, computed once per generation and facts."""
+    """What the policy wants with these node facts, computed once per generation and facts (in
+    its record; a body with no record, computed each time)."""
     meta = body.get("metadata") or {}
-    key = ("intent", meta.get("name"), meta.get("uid"), meta.get("generation"),
-           _facts_key(state, body) if facts is not None else None)
-    return memoized(state, key, lambda: intent_of(
-        body, nodes=list(facts) if facts is not None else None, admission_versions=state.admission_versions,
-        sizing=policy_sizing(state, body)))
+    record = state.records.get(meta.get("name") or "")
+    key = (meta.get("uid"), meta.get("generation"), facts, state.admission_versions)
+    if record is not None and record.intent is not None and record.intent[0] == key:
+        return record.intent[1]
+    found = intent_of(body, nodes=list(facts) if facts is not None else None,
+                      admission_versions=state.admission_versions, sizing=policy_sizing(state, body))
+    if record is not None:
+        record.intent = (key, found)
+    return found
 
 
 async def current(state: OperatorState, key: ObjKey, owner: tuple[str, str | None]) -> dict | None:

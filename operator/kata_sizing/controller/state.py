@@ -15,7 +15,7 @@ from .events import EventSink
 from .informer import ChildCache, Informer
 from .kinds import ObjKey
 from .leader import LeaderElector
-from .plan import Desired, PassInputs
+from .plan import Desired, Intent, PassInputs
 from .workqueue import WorkQueue
 
 
@@ -28,6 +28,7 @@ class DesiredCache:
     by_child: dict[ObjKey, str] = field(default_factory=dict)
     # Bumps when the set of RuntimeClass names some policy renders changes (not on every pass).
     version: int = 0
+    _names: tuple[int, frozenset[str]] | None = field(default=None, repr=False)
 
     def put(self, desired: Desired) -> Desired | None:
         """Record a pass's desired state; returns the one it replaces."""
@@ -59,9 +60,13 @@ class DesiredCache:
                 else:
                     del self.by_child[key]
 
-    def runtime_class_names(self) -> set[str]:
-        """Every RuntimeClass some policy renders: the Kata classes the operator knows of."""
-        return {key[2] for key in self.by_child if key[0] == "RuntimeClass"}
+    def runtime_class_names(self) -> frozenset[str]:
+        """Every RuntimeClass some policy renders: the Kata classes the operator knows of (read
+        once per `version`: every pass after a RuntimeClass write asks, and the index holds every
+        object of every policy)."""
+        if self._names is None or self._names[0] != self.version:
+            self._names = (self.version, frozenset(key[2] for key in self.by_child if key[0] == "RuntimeClass"))
+        return self._names[1]
 
     def for_child(self, key: ObjKey, live: dict | None = None) -> Desired | None:
         """The policy that wants `key`; given the `live` object, the one it belongs to. Two
@@ -90,6 +95,8 @@ class PolicyRecord:
     # ((uid, generation), its sizing, or None when that generation is invalid): sized once per
     # generation, not per pass (the guidance check's pod audit needs it on every change of pods).
     sizing: tuple[tuple, PolicySizing | None] | None = None
+    # ((uid, generation, node facts, admission versions), what the policy wants with them).
+    intent: tuple[tuple, Intent] | None = None
     inputs: PassInputs | None = None  # of its last successful pass
     # The objects its last pass reported, or could not write (a change of any other object that
     # leaves it as the policy wants it needs no pass).
@@ -126,7 +133,8 @@ class OperatorState:
     kubelets: Any = None
     desired: DesiredCache = field(default_factory=DesiredCache)
     records: dict[str, PolicyRecord] = field(default_factory=dict)
-    # Node facts, audits and intents computed once per change and shared by every policy.
+    # Node facts and audits computed once per change and shared by every policy: one slot each,
+    # (the version it was computed from, the value) (gather.memoized).
     derived: dict[Hashable, tuple] = field(default_factory=dict)
     # Policy watch events whose handling raised, the newest per policy, to be taken again
     # (worker.policy_watched).

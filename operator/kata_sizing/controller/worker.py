@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import replace
 
 from ..core.labels import MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL
 from . import gather, metrics, retry
@@ -211,10 +212,14 @@ async def guidance_due(state: OperatorState, record: PolicyRecord) -> bool:
     versions, measured = gather.versions(state), gather.measured(state, record.name)
     if last.versions == versions and last.measured == measured:
         return False
-    measurement_said = last.measured == measured or _measurement_as_written(state, record)
+    if not (last.measured == measured or _measurement_as_written(state, record)):
+        return True
+    if last.versions == versions:
+        # Only the measurement moved (once per interval for every policy), to what the status says.
+        record.inputs = replace(last, measured=measured)
+        return False
     now = await gather.pass_inputs(state, body)
-    if (now.facts, now.unmanaged, now.pod_findings) == (last.facts, last.unmanaged, last.pod_findings) \
-            and measurement_said:
+    if (now.facts, now.unmanaged, now.pod_findings) == (last.facts, last.unmanaged, last.pod_findings):
         record.inputs = now  # nothing a pass reads changed: the next check compares with this
         return False
     return True
