@@ -9,6 +9,7 @@ in the emulator's request log or the real API server's audit log alike."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -304,6 +305,56 @@ def test_the_waiting_replica_serves_the_webhook_and_keeps_serving_through_a_hand
         stop.set()
         reviewer.join(10)
     assert len(answers) >= 5 and all(answers), answers
+
+
+def test_a_stopping_replica_hands_the_lease_over_at_once_and_answers_reviews_through_its_drain(kube, tmp_path):
+    """SIGTERM to a leader run with --webhook-drain-seconds: the other replica holds the Lease
+    within a retry period or two, while the stopping one, no longer ready, answers every review
+    sent to it until its drain is over (the Service and kube-proxy take a moment to stop sending
+    any), and then exits 0."""
+    cert, key = write_self_signed_cert(tmp_path)
+    port, metrics_port, drain_s = free_port(), free_port(), 3.0
+    leader = kube.replica("a", lease=LEASE, webhook=(port, cert, key), webhook_drain_s=drain_s,
+                          metrics_port=metrics_port)
+    kube.wait_for(lambda: lease_holder(kube).startswith("a_"), 20)
+    kube.replica("b", lease=LEASE)
+    hook = Webhook(kube.emu, port, cert)
+    hook.wait_until_serving()
+    kube.wait_for(lambda: get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200, 20, "replica a never ready")
+
+    answered: list[float] = []  # when each review came back, in seconds after the SIGTERM
+    stop = threading.Event()
+    process = leader.process
+    assert process is not None
+
+    def keep_reviewing() -> None:
+        while not stop.is_set():
+            try:
+                refused = hook.review("CREATE", invalid_body())["allowed"] is False
+            except OSError:
+                return  # the server is gone: the drain is over
+            assert refused
+            answered.append(time.monotonic() - sent)
+
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    reviewer = threading.Thread(target=keep_reviewing)
+    reviewer.start()
+    try:
+        kube.wait_for(lambda: lease_holder(kube).startswith("b_"), LEASE.duration_s)
+        handed_over = time.monotonic() - sent
+        kube.wait_for(lambda: get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 503, 2,
+                      "the draining replica still says it is ready")
+        code = process.wait(drain_s + 20)
+        exited = time.monotonic() - sent
+    finally:
+        stop.set()
+        reviewer.join(10)
+    assert handed_over < drain_s, f"the Lease moved {handed_over:.1f}s after SIGTERM, not at once"
+    assert answered and answered[-1] >= drain_s - 0.5, (
+        f"the last review answered {answered[-1] if answered else None}s after SIGTERM, drain {drain_s}s")
+    assert exited >= drain_s and code == 0, leader.log()[-3000:]
+    assert "answering admission reviews for 3s more" in leader.log()
 
 
 # --- the Lease moved A -> B -> A around a chart RuntimeClass deleted and re-created -------------

@@ -251,8 +251,6 @@ def test_overlay_objects_are_valid(overlay_by_kind: dict[str, dict], kind: str, 
         pytest.skip(f"{kind} is a cert-manager custom resource: kubernetes-validate has no schema for it")
     if kind.endswith("WebhookConfiguration") and version == SCHEMA_VERSIONS[0]:
         version = "1.28"  # their matchConditions (docs/install.md: the webhook overlay needs 1.28)
-    if kind == "Deployment" and version == SCHEMA_VERSIONS[0]:
-        version = "1.30"  # its preStop sleep action (docs/install.md: the overlay needs 1.30)
     if kind in ADMISSION_SERVED_FROM and version == SCHEMA_VERSIONS[0]:
         version = ".".join(map(str, ADMISSION_SERVED_FROM[kind]))  # the release that serves it
     try:

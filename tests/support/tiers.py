@@ -134,6 +134,7 @@ class OperatorOptions:
     identity: str = "kata-sizing-test"
     metrics_port: int | None = None  # /metrics and /readyz on 127.0.0.1
     webhook: tuple[int, Path, Path] | None = None  # (port, certificate, key) on 127.0.0.1
+    webhook_drain_s: float = 0  # --webhook-drain-seconds (with `webhook`)
 
 
 def operator_command(opts: OperatorOptions) -> list[str]:
@@ -148,6 +149,8 @@ def operator_command(opts: OperatorOptions) -> list[str]:
         port, cert, key = opts.webhook
         args += ["--webhook-port", str(port), "--webhook-addr", "127.0.0.1",
                  "--webhook-cert", str(cert), "--webhook-key", str(key)]
+        if opts.webhook_drain_s:
+            args += ["--webhook-drain-seconds", str(opts.webhook_drain_s)]
     return args
 
 

@@ -357,23 +357,23 @@ def test_the_routing_webhook_is_called_only_for_pods_it_could_route(helm: str, k
     assert "namespaceSelector" not in default["route-pod.katasizing.dev"]
 
 
-@pytest.mark.parametrize(("kube_version", "values", "sleep"), [
-    ("1.37", [], 5), ("1.37", ["--set", "webhook.shutdownDelaySeconds=12"], 12),
-    ("1.37", ["--set", "webhook.shutdownDelaySeconds=0"], None), ("1.29", [], None)])
+@pytest.mark.parametrize(("values", "drain"), [
+    ([], 5), (["--set", "webhook.drainSeconds=12"], 12), (["--set", "webhook.drainSeconds=0"], None)])
 def test_a_stopping_replica_answers_reviews_until_it_is_out_of_the_service(
-        helm: str, kube_version: str, values: list[str], sleep: int | None) -> None:
-    """With the webhook, a replica sleeps before its SIGTERM (the preStop sleep action, from
-    Kubernetes 1.30) and has kopf's 30 s of stopping after it; 0 or an older server: neither."""
-    pod = one(template(helm, "--kube-version", kube_version, *EVERYTHING_ON, *values), "Deployment")["spec"][
-        "template"]["spec"]
+        helm: str, values: list[str], drain: int | None) -> None:
+    """With the webhook, a replica keeps answering reviews for webhook.drainSeconds after its
+    SIGTERM and has kopf's 30 s of stopping after that; 0: neither."""
+    pod = one(template(helm, *EVERYTHING_ON, *values), "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    if sleep is None:
-        assert "lifecycle" not in container and "terminationGracePeriodSeconds" not in pod
+    drains = [arg for arg in container["args"] if arg.startswith("--webhook-drain-seconds")]
+    if drain is None:
+        assert not drains and "terminationGracePeriodSeconds" not in pod
     else:
-        assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": sleep}}}
-        assert pod["terminationGracePeriodSeconds"] == sleep + 30
-    without = one(template(helm, "--kube-version", kube_version), "Deployment")["spec"]["template"]["spec"]
-    assert "lifecycle" not in without["containers"][0]  # no webhook: nothing to keep answering
+        assert drains == [f"--webhook-drain-seconds={drain}"]
+        assert pod["terminationGracePeriodSeconds"] == drain + 30
+    without = one(template(helm, *values), "Deployment")["spec"]["template"]["spec"]
+    assert "terminationGracePeriodSeconds" not in without  # no webhook: nothing to keep answering
+    assert not any(arg.startswith("--webhook") for arg in without["containers"][0]["args"])
 
 
 def test_a_webhook_with_its_own_ca_needs_no_cert_manager(helm: str) -> None:

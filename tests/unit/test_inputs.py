@@ -464,8 +464,12 @@ def test_the_operator_with_a_kubeconfig_without_a_context_exits_at_once(tmp_path
 @pytest.mark.parametrize("args, message", [
     (["--metrics-port", "99999"], "error: --metrics-port: 99999 is not a TCP port (1 to 65535)\n"),
     (["--webhook-port", "70000", "--webhook-insecure"], "error: --webhook-port: 70000 is not a TCP port (1 to 65535)\n"),
+    (["--webhook-port", "9443", "--webhook-insecure", "--webhook-drain-seconds", "90"],
+     "error: --webhook-drain-seconds: 90 is not between 0 and 60 (the seconds a stopping replica keeps answering "
+     "reviews)\n"),
+    (["--webhook-drain-seconds", "5"], "error: --webhook-drain-seconds need --webhook-port\n"),
 ])
-def test_the_operator_with_a_bad_port_exits_at_once(tmp_path, args, message):
+def test_the_operator_with_a_bad_port_or_drain_exits_at_once(tmp_path, args, message):
     proc, took = _operator(tmp_path, *args)
     assert (proc.returncode, proc.stderr) == (2, message) and took < 20
 

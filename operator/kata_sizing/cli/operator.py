@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from ..controller.operator_main import WebhookOptions
 
 HELP = "run the operator (kopf)"
+# The longest drain a replica may be asked for: the pod's terminationGracePeriodSeconds must cover
+# it and kopf's own stop (the chart's webhook.drainSeconds has the same bound).
+MAX_DRAIN_S = 60
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook-addr", metavar="ADDRESS",
                         help="listen on this address only (default: every interface)")
     parser.add_argument("--webhook-insecure", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--webhook-drain-seconds", type=float, default=0, metavar="S",
+                        help="on SIGTERM, hand the Lease over at once and keep answering admission reviews "
+                             "for S seconds before stopping (while kube-proxy and the API server stop "
+                             "sending any); default 0: stop at once")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve Prometheus /metrics and the readiness check /readyz on this port")
     parser.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDRESS",
@@ -65,6 +72,7 @@ def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
         given = [flag for flag, value in (
             ("--webhook-cert", args.webhook_cert), ("--webhook-key", args.webhook_key),
             ("--webhook-addr", args.webhook_addr), ("--webhook-insecure", args.webhook_insecure),
+            ("--webhook-drain-seconds", args.webhook_drain_seconds),
         ) if value]
         if given:
             raise InputError(f"{', '.join(given)} need --webhook-port")
@@ -75,12 +83,15 @@ def _webhook_options(args: argparse.Namespace) -> WebhookOptions | None:
     elif not (args.webhook_cert and args.webhook_key):
         # The API server calls admission webhooks over HTTPS only.
         raise InputError("--webhook-port needs --webhook-cert and --webhook-key")
+    if not 0 <= args.webhook_drain_seconds <= MAX_DRAIN_S:
+        raise InputError(f"--webhook-drain-seconds: {args.webhook_drain_seconds:g} is not between 0 and "
+                         f"{MAX_DRAIN_S} (the seconds a stopping replica keeps answering reviews)")
     for path in filter(None, (args.webhook_cert, args.webhook_key)):
         read_text(path)  # a missing Secret mount is one line here, not a crash inside kopf
     _tls_pair(args.webhook_cert, args.webhook_key)
     return WebhookOptions(
         port=args.webhook_port, certfile=args.webhook_cert, pkeyfile=args.webhook_key,
-        addr=args.webhook_addr, insecure=args.webhook_insecure,
+        addr=args.webhook_addr, insecure=args.webhook_insecure, drain_s=args.webhook_drain_seconds,
     )
 
 

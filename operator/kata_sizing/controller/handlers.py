@@ -174,7 +174,7 @@ def _measurement_loop(state: OperatorState, memo: kopf.Memo) -> MeasurementLoop:
     async def read(node: str) -> object:
         if state.kubelets is None:
             return await state.api.read_node_summary(node, options.timeout_s)
-        found = gather.memoized(state, ("nodes-by-name", state.nodes.version),
+        found = gather.memoized(state, "nodes-by-name", state.nodes.version,
                                 lambda: {n.name: n for n in state.nodes.items.values()}).get(node)
         return await state.kubelets.read(node, found.kubelet_address if found else None,
                                          found.kubelet_port if found else None)
@@ -197,6 +197,35 @@ async def _discover_admission(api: KubeApi) -> dict[str, str]:
             await asyncio.sleep(delay)
 
 
+# The background tasks that are the leader's work: stopped before the Lease is given up.
+LEADER_TASKS = ("leader-election", "pass-queue", "guidance-check", "measurement")
+
+
+async def step_down(state: OperatorState) -> None:
+    """Stop this replica's leading and give the Lease up, leaving the informers (what the webhook
+    reads) running: no acquire or renew after this, the pass in progress finishes (its writes
+    land, its status is written) and no other starts, then the Lease is released so the other
+    replica takes over at its next try, not after the lease expires. On cleanup, and at the start
+    of a SIGTERM's drain (operator_main.install_drain)."""
+    elector = [task for task in state.background if task.get_name() == "leader-election"]
+    for task in elector:
+        task.cancel()
+    if elector:
+        await asyncio.wait(elector, timeout=SHUTDOWN_GRACE_S)
+    if state.work is not None:
+        try:
+            await asyncio.wait_for(state.work.drain(), SHUTDOWN_GRACE_S)
+        except TimeoutError:
+            log.warning("stopping with a pass still in progress")
+    work = [task for task in state.background if task.get_name() in LEADER_TASKS]
+    for task in work:
+        task.cancel()
+    if work:
+        await asyncio.wait(work, timeout=SHUTDOWN_GRACE_S)
+    if state.leader is not None:
+        await state.leader.release()
+
+
 async def on_cleanup(memo: kopf.Memo, **_) -> None:
     # kopf gives the operator's stop flag a waiter task that it does not cancel when it stops for
     # another reason (a SIGTERM), and then waits 5 s for that task before it exits (kopf 1.45's
@@ -207,13 +236,9 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
     state: OperatorState | None = getattr(memo, "state", None)
     if state is None:
         return
-    # A pass in progress finishes (its writes land, its status is written) before the client it
-    # uses is closed: closing it under a request gives "connector is None" errors.
-    if state.work is not None:
-        try:
-            await asyncio.wait_for(state.work.drain(), SHUTDOWN_GRACE_S)
-        except TimeoutError:
-            log.warning("stopping with a pass still in progress")
+    # A pass in progress finishes before the client it uses is closed: closing it under a request
+    # gives "connector is None" errors.
+    await step_down(state)
     posting = [task for task in state.background if task.get_name() == "events"]
     for task in state.background:
         if task not in posting:
@@ -227,8 +252,6 @@ async def on_cleanup(memo: kopf.Memo, **_) -> None:
         log.warning("stopping with %s still running", ", ".join(sorted(t.get_name() for t in pending)))
     if state.kubelets is not None:
         await state.kubelets.close()
-    if state.leader is not None:
-        await state.leader.release()  # the other replica takes over now, not after the lease expires
     await state.api.close()
 
 
