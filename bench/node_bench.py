@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import os
 import statistics
 import tempfile
 import time
@@ -80,7 +81,9 @@ def bench_node(report: Report, quick: bool = False) -> None:
         node.start()
         report("node start (containerd, images, kubelet, scheduler, kube-proxy) until Ready",
                f"{node.start_seconds:.1f} s", "", "")
-        _bench_release(report, node, workdir, handovers=1 if quick else 3, rollouts=1 if quick else 2)
+        # BENCH_NODE_ROLLOUTS: more helm upgrade rolls, for a count of refused pods worth reading.
+        rollouts = 1 if quick else int(os.environ.get("BENCH_NODE_ROLLOUTS") or 2)
+        _bench_release(report, node, workdir, handovers=1 if quick else 3, rollouts=rollouts)
 
 
 def _bench_release(report: Report, node: rn.Node, workdir: Path, handovers: int, rollouts: int) -> None:

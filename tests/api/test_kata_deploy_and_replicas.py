@@ -321,6 +321,7 @@ def test_a_stopping_replica_hands_the_lease_over_at_once_and_answers_reviews_thr
     hook = Webhook(kube.emu, port, cert)
     hook.wait_until_serving()
     kube.wait_for(lambda: get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200, 20, "replica a never ready")
+    assert hook.connection_header(example()) == "keep-alive"  # as the API server's client wants it
 
     answered: list[float] = []  # when each review came back, in seconds after the SIGTERM
     stop = threading.Event()
@@ -345,12 +346,14 @@ def test_a_stopping_replica_hands_the_lease_over_at_once_and_answers_reviews_thr
         handed_over = time.monotonic() - sent
         kube.wait_for(lambda: get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 503, 2,
                       "the draining replica still says it is ready")
+        closing = [hook.connection_header(example())]
         code = process.wait(drain_s + 20)
         exited = time.monotonic() - sent
     finally:
         stop.set()
         reviewer.join(10)
     assert handed_over < drain_s, f"the Lease moved {handed_over:.1f}s after SIGTERM, not at once"
+    assert closing == ["close"], "a draining replica kept its connection open for the next review"
     assert answered and answered[-1] >= drain_s - 0.5, (
         f"the last review answered {answered[-1] if answered else None}s after SIGTERM, drain {drain_s}s")
     assert exited >= drain_s and code == 0, leader.log()[-3000:]

@@ -5,6 +5,7 @@ with the emulator as its API server). Also the invalid policy the webhook tests 
 from __future__ import annotations
 
 import base64
+import http.client
 import ipaddress
 import json
 import socket
@@ -90,6 +91,17 @@ class Webhook:
         return self._emu
 
     def review(self, operation: str, obj: dict, old: dict | None = None) -> dict:
+        uid, data = self._review(operation, obj, old)
+        http_request = urllib.request.Request(self.url, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(http_request, context=self.context, timeout=5) as reply:
+            review = json.load(reply)
+        assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
+        assert review["response"]["uid"] == uid
+        return review["response"]
+
+    @staticmethod
+    def _review(operation: str, obj: dict, old: dict | None) -> tuple[str, bytes]:
+        """(its uid, the AdmissionReview the API server would send)."""
         uid = str(uuid.uuid4())
         request = {
             "uid": uid,
@@ -104,14 +116,21 @@ class Webhook:
             "oldObject": old,
             "dryRun": False,
         }
-        data = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                           "request": request}).encode()
-        http_request = urllib.request.Request(self.url, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(http_request, context=self.context, timeout=5) as reply:
-            review = json.load(reply)
-        assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
-        assert review["response"]["uid"] == uid
-        return review["response"]
+        return uid, json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                "request": request}).encode()
+
+    def connection_header(self, obj: dict) -> str:
+        """The Connection header of the answer to a review of creating `obj` (over HTTP/1.1,
+        keep-alive unless it says close)."""
+        _, data = self._review("CREATE", obj, None)
+        connection = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=5)
+        try:
+            connection.request("POST", f"/{VALIDATE_HANDLER_ID}", body=data, headers={"Content-Type": "application/json"})
+            reply = connection.getresponse()
+            reply.read()
+            return (reply.getheader("Connection") or "keep-alive").lower()
+        finally:
+            connection.close()
 
     def wait_until_serving(self, timeout: float = 10) -> None:
         # kopf opens the server only after its first API scan, which is after ready_flag.

@@ -1272,3 +1272,35 @@ def test_a_change_before_the_first_pass_indexed_the_policy_still_queues_its_pass
     assert state.desired.for_child(obj_key(edited), edited) is None  # no pass has run here
     worker.child_changed(state, obj_key(edited), None, edited)
     assert state.work.added == queued
+
+
+def test_the_routing_webhook_reads_a_policy_its_watch_has_not_delivered_yet():
+    """A replica is ready once its caches synced and its webhook listens, which can be a moment
+    before kopf's watch has listed the policies: a pod opted into a policy the replica has no
+    record of is routed from one read of the policy (not let through unrouted, to be refused as
+    not routed), and a label naming no policy is let through unchanged."""
+    import base64
+    import json
+
+    from kata_sizing.controller.handlers import route_pod
+    from tests.support.policies import explicit_classes_policy
+    from tests.support.routing import pod
+
+    body = explicit_classes_policy("routed", admission={"routing": "Webhook"})
+    api = FakeApi(body)
+    state = make_state(api)
+    assert "routed" not in state.records
+
+    def review(obj: dict) -> dict:
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "team",
+            "operation": "CREATE", "object": obj, "oldObject": None}}
+
+    answer = run(route_pod(state, review(pod(labels={"katasizing.dev/policy": "routed"}, cpu="1500m",
+                                            memory="2Gi"))))["response"]
+    assert json.loads(base64.b64decode(answer["patch"])) == [
+        {"op": "add", "path": "/spec/runtimeClassName", "value": "kata-routed-m"}]
+    assert ("read", (KIND, None, "routed")) in api.calls
+    unknown = run(route_pod(state, review(pod(labels={"katasizing.dev/policy": "no-such"}, cpu="1",
+                                             memory="1Gi"))))["response"]
+    assert unknown["allowed"] is True and "patch" not in unknown

@@ -60,6 +60,16 @@ class BoundedWebhookServer(kopf.WebhookServer):
 
     # kopf's _serve is a staticmethod; this one needs the server's own routes.
     async def _serve(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
+        response = await self._answer(fn, request)
+        if self.draining:
+            # The API server keeps its connections to a webhook open and sends the next review
+            # down the same one, past the Service's endpoints and kube-proxy: while draining, each
+            # connection is closed after its answer, so the next review opens one to a replica
+            # that stays.
+            response.force_close()
+        return response
+
+    async def _answer(self, fn, request: aiohttp.web.Request) -> aiohttp.web.Response:
         try:
             # aiohttp reads at most 1 MiB by default (then 413); a review is bounded like every
             # other input (docs/inputs.md), and a legal pod may be larger than 1 MiB.
