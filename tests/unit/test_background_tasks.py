@@ -88,7 +88,7 @@ def _state() -> tuple[OperatorState, Queue]:
     """No RuntimeClass, node or pod yet, every cache synced; the queue, which records what is added."""
     def cache() -> Any:  # what a pass reads of an informer: synced, its version, its items
         return SimpleNamespace(synced=_ready(), version=0, items={})
-    children = cast(ChildCache, SimpleNamespace(runtime_classes=cache(), all_runtime_classes=list, informers=list))
+    children = cast(ChildCache, SimpleNamespace(runtime_classes=cache(), runtime_classes_except=lambda names: [], informers=list))
     queue = Queue()
     state = OperatorState(api=None, admission_versions={}, children=children, nodes=cache(), pods=cache())
     state.work = cast(WorkQueue, queue)

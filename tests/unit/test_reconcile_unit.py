@@ -188,8 +188,9 @@ class FakeChildren(HeldNames):
         return {k: copy.deepcopy(o) for k, o in self.api.objects.items()
                 if self._cached(o) and (o["metadata"].get("labels") or {}).get(POLICY_LABEL) == policy_name}
 
-    def all_runtime_classes(self):
-        return [copy.deepcopy(o) for k, o in self.api.objects.items() if k[0] == "RuntimeClass"]
+    def runtime_classes_except(self, names):
+        return [copy.deepcopy(o) for k, o in sorted(self.api.objects.items(), key=lambda item: item[0][2])
+                if k[0] == "RuntimeClass" and k[2] not in names]
 
     def record(self, obj: dict) -> None:
         pass  # the fake's store is the cache's truth
@@ -1224,7 +1225,7 @@ def test_the_audit_of_unmanaged_runtime_classes_runs_again_only_when_one_of_them
         rcs.items = {k: o for k, o in api.objects.items() if k[0] == "RuntimeClass"}
         rcs.version += 1
 
-    state.children.all_runtime_classes = lambda: list(rcs.items.values())
+    state.children.runtime_classes_except = lambda names: [o for k, o in rcs.items.items() if k[2] not in names]
     for i in range(3):
         body = policy_body()
         body["metadata"].update(name=f"p{i}", uid=f"uid-{i}")
@@ -1239,6 +1240,20 @@ def test_the_audit_of_unmanaged_runtime_classes_runs_again_only_when_one_of_them
     follow()
     run(rc.run_pass(state, "p0", "resync"))
     assert audited == [["kata-qemu"], ["kata-qemu"]]  # the unmanaged one changed: audited again
+
+
+def test_the_runtime_classes_no_policy_renders_are_read_by_name_from_the_cache():
+    from kata_sizing.controller.informer import ChildCache
+
+    children = ChildCache(api=None)
+    children.runtime_classes.items = {(None, name): {"metadata": {"name": name}}
+                                      for name in ("kata-p-s", "zeta", "kata-qemu", "kata-p-m")}
+    managed = frozenset({"kata-p-s", "kata-p-m"})
+    assert [rc["metadata"]["name"] for rc in children.runtime_classes_except(managed)] == ["kata-qemu", "zeta"]
+    children.runtime_classes.items.pop((None, "zeta"))
+    assert [rc["metadata"]["name"] for rc in children.runtime_classes_except(managed)] == ["kata-qemu"]
+    assert [rc["metadata"]["name"] for rc in children.runtime_classes_except(frozenset({"kata-p-s"}))] == [
+        "kata-p-m", "kata-qemu"]
 
 
 # --- a change no pass of this replica has indexed yet ----------------------------------------------

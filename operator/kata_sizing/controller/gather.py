@@ -174,9 +174,7 @@ def unmanaged_audit(state: OperatorState) -> list | None:
 
 def _unmanaged_runtime_classes(state: OperatorState) -> tuple[frozenset, tuple[dict, ...]]:
     """(a fingerprint of them: names and resourceVersions, them) of the RuntimeClasses no policy renders."""
-    managed = state.desired.runtime_class_names()
-    found = tuple(rc for rc in state.children.all_runtime_classes()
-                  if (rc.get("metadata") or {}).get("name") not in managed)
+    found = tuple(state.children.runtime_classes_except(state.desired.runtime_class_names()))
     return frozenset((rc["metadata"].get("name"), rc["metadata"].get("resourceVersion")) for rc in found), found
 
 
