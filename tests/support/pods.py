@@ -25,6 +25,16 @@ POLICY: dict[str, Any] = {
     },
 }
 IN, OUT, ROUTED = "fit-in", "fit-out", "fit-routed"
+# The install's shared admission objects, in the order they are rendered: the three policies every
+# policy's bindings name, then a keep-alive binding of each (docs/admission.md#the-parameters-stay-followed).
+SHARED_OBJECTS = [
+    ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
+    ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
+    ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
+    ("ValidatingAdmissionPolicyBinding", "kata-sizing-memory-limit-v1-keep-alive"),
+    ("ValidatingAdmissionPolicyBinding", "kata-sizing-envelope-v1-keep-alive"),
+    ("MutatingAdmissionPolicyBinding", "kata-sizing-route-v1-keep-alive"),
+]
 
 
 def limits(cpu: str | None = None, memory: str | None = None) -> dict:

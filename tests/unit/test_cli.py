@@ -16,6 +16,7 @@ import yaml
 
 from kata_sizing.cli import main
 from tests.support.paths import ROOT
+from tests.support.pods import SHARED_OBJECTS
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SURVEY_CSV = ROOT / "tests" / "fixtures" / "survey-aks-clh-snp.csv"
@@ -154,15 +155,7 @@ def test_render_shared_prints_the_shared_admission_policies_alone(capsys, tmp_pa
     code, out, err = run(capsys, "render", "--shared")
     assert (code, err) == (0, "")
     shared = list(yaml.safe_load_all(out))
-    assert [(d["kind"], d["metadata"]["name"]) for d in shared] == [
-        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
-        ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
-        # The keep-alive binding of each (docs/admission.md#the-parameters-stay-followed).
-        ("ValidatingAdmissionPolicyBinding", "kata-sizing-memory-limit-v1-keep-alive"),
-        ("ValidatingAdmissionPolicyBinding", "kata-sizing-envelope-v1-keep-alive"),
-        ("MutatingAdmissionPolicyBinding", "kata-sizing-route-v1-keep-alive"),
-    ]
+    assert [(d["kind"], d["metadata"]["name"]) for d in shared] == SHARED_OBJECTS
     # Exactly what a policy's bindings name, and a keep-alive binding of each.
     _, policy_out, _ = run(capsys, "render", ROOT / "examples" / "qemu-runtime-rs.yaml")
     named = [d["spec"]["policyName"] for d in yaml.safe_load_all(policy_out) if d["kind"].endswith("Binding")]

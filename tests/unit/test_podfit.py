@@ -23,6 +23,7 @@ from tests.support.pods import (
     NOT_ROUTED,
     POLICY,
     ROUTED,
+    SHARED_OBJECTS,
     Case,
     limits,
 )
@@ -169,14 +170,7 @@ def test_spec_admission_is_validated() -> None:
 
 def test_rendered_admission_objects() -> None:
     rendered = render_policy(parse_policy(POLICY))
-    assert [(o["kind"], o["metadata"]["name"]) for o in rendered.shared] == [
-        ("ValidatingAdmissionPolicy", "kata-sizing-memory-limit-v1"),
-        ("ValidatingAdmissionPolicy", "kata-sizing-envelope-v1"),
-        ("MutatingAdmissionPolicy", "kata-sizing-route-v1"),
-        ("ValidatingAdmissionPolicyBinding", "kata-sizing-memory-limit-v1-keep-alive"),
-        ("ValidatingAdmissionPolicyBinding", "kata-sizing-envelope-v1-keep-alive"),
-        ("MutatingAdmissionPolicyBinding", "kata-sizing-route-v1-keep-alive"),
-    ]
+    assert [(o["kind"], o["metadata"]["name"]) for o in rendered.shared] == SHARED_OBJECTS
     assert [(o["kind"], o["metadata"]["name"]) for o in rendered.admission] == [
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-memory-limit"),
         ("ValidatingAdmissionPolicyBinding", "kata-sizing-fit-envelope"),

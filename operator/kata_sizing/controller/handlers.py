@@ -24,10 +24,10 @@ import aiohttp
 import kopf
 
 from ..core.crdgen import CRD_NAME
-from ..core.model import GROUP, KIND, PLURAL, VERSION, PolicyError, parse_policy
+from ..core.model import GROUP, KIND, PLURAL, VERSION
 from ..core.podfit import policies_opted_into, route_patch
 from ..core.podread import PodInputError
-from ..core.sizing import PolicySizing, size_policy
+from ..core.sizing import PolicySizing
 from . import gather, metrics, retry, worker
 from . import policy_webhook as adm
 from .api_errors import ApiError, TransientApiError
@@ -198,7 +198,7 @@ async def _discover_admission(api: KubeApi) -> dict[str, str]:
 
 
 # The background tasks that are the leader's work: stopped before the Lease is given up.
-LEADER_TASKS = ("leader-election", "pass-queue", "guidance-check", "measurement")
+LEADER_WORK = ("pass-queue", "guidance-check", "measurement")
 
 
 async def step_down(state: OperatorState) -> None:
@@ -217,7 +217,7 @@ async def step_down(state: OperatorState) -> None:
             await asyncio.wait_for(state.work.drain(), SHUTDOWN_GRACE_S)
         except TimeoutError:
             log.warning("stopping with a pass still in progress")
-    work = [task for task in state.background if task.get_name() in LEADER_TASKS]
+    work = [task for task in state.background if task.get_name() in LEADER_WORK]
     for task in work:
         task.cancel()
     if work:
@@ -303,9 +303,7 @@ async def route_pod(state: OperatorState, review: dict) -> dict:
         patch: list[dict] = []
         # As the policies' bindings do: each policy the pod opted into routes it in its own scope.
         for name in policies_opted_into(pod["metadata"], labels):
-            sizing = sizing_routed_by_webhook(state, name)
-            if sizing is None and name not in state.records:
-                sizing = await sizing_read_for_webhook(state, name)
+            sizing = await sizing_routed_by_webhook(state, name)
             patch = route_patch(pod, sizing, labels) if sizing is not None else []
             if patch:
                 break
@@ -327,30 +325,17 @@ async def labels_of_namespace(state: OperatorState, name: str) -> dict[str, str]
     return namespace_labels(found) if found is not None else {}
 
 
-def sizing_routed_by_webhook(state: OperatorState, policy_name: str) -> PolicySizing | None:
-    """The sizing of the policy as the policy watch last saw it, when this webhook routes its pods."""
+async def sizing_routed_by_webhook(state: OperatorState, policy_name: str) -> PolicySizing | None:
+    """The sizing of the policy as the policy watch last saw it, when this webhook routes its pods.
+    A policy the watch has not delivered is read (one GET): a replica is ready once its caches
+    synced and its webhook listens, which can be a moment before kopf's watch has listed the
+    policies, and a review then would let the pod through unrouted (to be refused as not routed: 1
+    pod in 400 during one rolling update on the real node). A label naming no policy costs the same
+    GET, answered 404."""
     record = state.records.get(policy_name)
-    body = record.body if record is not None else None
+    body = record.body if record is not None else await state.api.read((KIND, None, policy_name))
     sizing = gather.policy_sizing(state, body) if body is not None else None
     if sizing is None or not routes_through_webhook(sizing.policy.spec.admission.routing, state.admission_versions):
-        return None
-    return sizing
-
-
-async def sizing_read_for_webhook(state: OperatorState, policy_name: str) -> PolicySizing | None:
-    """The sizing of a policy this replica's watch has not delivered (one GET): a replica is ready
-    once its caches synced and its webhook listens, which can be a moment before kopf's watch has
-    listed the policies, and a review then would let the pod through unrouted (to be refused as
-    not routed: 1 pod in 400 during one rolling update on the real node). A label naming no policy
-    costs the same GET, answered 404."""
-    body = await state.api.read((KIND, None, policy_name))
-    if body is None:
-        return None
-    try:
-        sizing = size_policy(parse_policy(body))
-    except PolicyError:
-        return None
-    if sizing.errors or not routes_through_webhook(sizing.policy.spec.admission.routing, state.admission_versions):
         return None
     return sizing
 
