@@ -204,3 +204,95 @@ def test_a_policy_no_longer_measured_is_forgotten_whole_and_comes_back_as_new():
         assert posted == ["HeadroomLow", "HeadroomLow"]
 
     asyncio.run(main())
+
+
+def _nodes(report: MeasurementStatus | None) -> int:
+    assert report is not None
+    return report.nodes
+
+
+def test_a_policy_with_nothing_measured_publishes_its_empty_report_once_not_every_interval():
+    """The version a status is written by moves once per interval while the policy has pods to
+    measure, and once more when they are gone (the empty report is news), then not again: a
+    policy without Kata pods cost the guidance check a report every interval."""
+    now = [0.0]
+
+    async def read(node: str) -> object:
+        return summary(node)
+
+    async def main() -> list[tuple[int, int]]:
+        pods = Pods(2)
+        loop = MeasurementLoop(read, pods, clock=Clock(now=lambda: now[0], speed=1e9))
+        loop.configure(policy(), "p")
+        task = asyncio.create_task(loop.run())
+        seen = []
+        for _ in range(3):
+            await _intervals(now, 1)
+            seen.append((loop.version("p"), _nodes(loop.report("p"))))
+        pods.items.clear()  # the pods are gone, and so are their nodes and readings
+        pods.version += 1
+        for _ in range(14):
+            await _intervals(now, 1)
+            seen.append((loop.version("p"), _nodes(loop.report("p"))))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return seen
+
+    seen = asyncio.run(main())
+    measured, gone = seen[:3], seen[3:]
+    assert [nodes for _, nodes in measured] == [2, 2, 2]
+    assert measured[0][0] < measured[1][0] < measured[2][0]  # a new report each interval
+    assert all(nodes == 0 for _, nodes in gone)
+    # The window holds the pods' samples for up to window_s (600 s): the report moves until it is
+    # empty, is published empty once, and then stays.
+    versions = [version for version, _ in gone]
+    assert versions[0] > measured[2][0]
+    assert versions[8] > versions[7]
+    assert versions[11:] == [versions[11]] * 3
+
+
+def test_a_policy_that_never_had_pods_keeps_the_version_its_first_pass_wrote():
+    """Its first pass wrote the empty report; nothing after it would write another."""
+    now = [0.0]
+
+    async def read(node: str) -> object:
+        return summary(node)
+
+    async def main() -> list[int]:
+        loop = MeasurementLoop(read, Pods(0), clock=Clock(now=lambda: now[0], speed=1e9))
+        loop.configure(policy(), "p")
+        task = asyncio.create_task(loop.run())
+        seen = []
+        for _ in range(4):
+            await _intervals(now, 1)
+            seen.append(loop.version("p"))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return seen
+
+    assert asyncio.run(main()) == [0, 0, 0, 0]
+
+
+def _measured(name: str, classes: list[str], window_s: float = 600.0) -> MeasuredPolicy:
+    return MeasuredPolicy(name=name, ref={}, classes={c: (c[-1], 400 * MIB, 350 * MIB) for c in classes},
+                          interval_s=INTERVAL_S, window_s=window_s, threshold=HeadroomThreshold(), threshold_text="10%")
+
+
+def test_the_class_table_kept_policy_by_policy_is_the_one_built_whole():
+    """configure updates the table by the one policy that changed; with two policies naming one
+    class (for a while, until the second is refused) it is the table built from every policy in
+    order, the last naming a class owning it, as before."""
+    steps = [
+        ("a", ["a-s", "a-m"]), ("b", ["b-s"]), ("a", ["a-s", "a-l"]), ("c", ["c-s", "b-s"]),  # c names b's class
+        ("b", None), ("c", ["c-s"]), ("b", ["b-s", "b-m"]), ("a", None), ("d", ["d-s"]),
+    ]
+    loop = MeasurementLoop(lambda node: None, Pods(0))
+    for step, (name, classes) in enumerate(steps):
+        loop.configure(_measured(name, classes, window_s=60.0 * (step + 1)) if classes else None, name)
+        whole: tuple[dict, dict, dict] = ({}, {}, {})
+        for measured in loop.policies():
+            for runtime_class, (_, pod_fixed, guest_budget) in measured.classes.items():
+                whole[0][runtime_class] = measured.window_s
+                whole[1][runtime_class] = (measured.threshold, pod_fixed, guest_budget)
+                whole[2][runtime_class] = measured.name
+        assert loop._class_table() == whole, f"after step {step}: {name} {classes}"

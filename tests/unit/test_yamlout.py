@@ -55,6 +55,64 @@ def test_any_text_reads_back_the_same_in_pyyaml_at_any_depth(text, key):
     assert yaml.safe_load(yamlout.dump(value, comments=["a comment"])) == value
 
 
+# Documents shaped as the operator's (names, numbers, multi-line text in nested mappings and
+# lists), with the characters and shapes where PyYAML quotes, folds or indents otherwise.
+_WORDS = st.one_of(
+    st.sampled_from(NOT_STRINGS_IN_GO + STRINGS_IN_GO + ["...x", "a #b", "a:", "x y", "a  b", "@a", "-a", "a=b", "é"]),
+    st.text(alphabet="ab.-_/= :#@+\"'1e0x", min_size=0, max_size=12),
+    st.text(alphabet="abc de", min_size=60, max_size=100),  # long enough to fold at a space
+)
+_TEXTS = st.one_of(_WORDS, st.text(alphabet="ab #=[]\n \t", max_size=30),
+                   st.lists(st.sampled_from(["[x]", "k = 1", "# c", "", "  i", "t "]), max_size=5).map("\n".join),
+                   st.lists(st.sampled_from(["[x]", "k = 1", "# c", ""]), max_size=5).map(lambda ls: "\n".join(ls) + "\n"))
+_SCALARS = st.one_of(_TEXTS, st.integers(-10**12, 10**12), st.booleans(), st.none(), st.just(1.5))
+_DOCUMENTS = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_WORDS, inner, max_size=4)),
+    max_leaves=25,
+)
+
+
+# Documents the direct writer takes nearly whole: what a pass writes looks like these.
+_NAMES = st.one_of(st.sampled_from(NOT_STRINGS_IN_GO + STRINGS_IN_GO[:-2] + ["...x", "a=b", "x@y", "kata-qemu-rs-s"]),
+                   st.from_regex(r"[a-z0-9][a-z0-9./_-]{0,20}( [a-z0-9]{1,9}){0,12}", fullmatch=True))
+_LINES = st.lists(st.one_of(st.just(""), st.from_regex(r"[!-~][ -~]{0,40}[!-~]", fullmatch=True),
+                            st.from_regex(r" {1,4}[!-~]{1,10}", fullmatch=True)), min_size=1, max_size=6)
+_BLOCKS = st.builds(lambda lines, end: "\n".join(lines) + end, _LINES, st.sampled_from(["", "\n"])).filter(
+    lambda text: "\n" in text)
+_KEYS = st.one_of(st.sampled_from(NOT_STRINGS_IN_GO + ["...k", "a=b", "katasizing.dev/policy"]),
+                  st.from_regex(r"[a-z0-9][a-z0-9./_-]{0,20}", fullmatch=True))
+_OURS = st.recursive(
+    st.one_of(_NAMES, _BLOCKS, st.integers(0, 10**10), st.booleans(), st.none()),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4)),
+    max_leaves=20,
+).filter(lambda document: isinstance(document, dict))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=st.one_of(_DOCUMENTS, _OURS))
+def test_the_direct_writer_writes_what_pyyaml_writes_or_leaves_it_to_pyyaml(document):
+    """`yamlout` writes most documents itself (a pass renders several); whatever it writes is
+    PyYAML's text exactly, and what it cannot write PyYAML writes."""
+    pyyaml = yaml.dump(document, Dumper=yamlout._GoSafeDumper, sort_keys=False)
+    direct = yamlout._simple_document(document)
+    assert direct is None or direct == pyyaml
+    assert yamlout.dump(document) == pyyaml
+    assert yamlout.dump_documents([document, document]) == yaml.dump_all(
+        [document, document], Dumper=yamlout._GoSafeDumper, sort_keys=False, explicit_start=True)
+
+
+def test_the_direct_writer_writes_what_a_pass_writes_as_yaml():
+    """The YAML a pass writes (the values overlay, with a RuntimeClass text per class) is written
+    directly, not left to PyYAML (the point of the direct writer), and as PyYAML writes it."""
+    policy = parse_policy(yaml.safe_load((ROOT / "examples" / "qemu-runtime-rs.yaml").read_text()))
+    rendered = render_policy(policy)
+    documents = [rendered.values, *(runtime_class(policy, c, owned=False) for c in rendered.sizing.classes)]
+    for document in documents:
+        assert yamlout._simple_document(document) == yaml.dump(document, Dumper=yamlout._GoSafeDumper,
+                                                              sort_keys=False)
+
+
 @pytest.mark.parametrize("text", ["a\n", "[x]\nk = 1\n", "# c\n\n[x]\n", "a\n\nb", "\nlead\n", " indented\nnext\n"])
 def test_multi_line_text_is_a_literal_block(text):
     written = yamlout.dump({"k": text})

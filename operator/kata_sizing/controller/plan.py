@@ -134,7 +134,8 @@ def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_pol
         if guarded:
             return action(Verb.MISSING, Reason.CHART_MISSING, differences=("(missing)",))
         if write:
-            body = as_installed(want, installer) if installer is not None else copy.deepcopy(want)
+            # The rendered object itself: nothing changes what a pass renders, and it goes out as JSON.
+            body = as_installed(want, installer) if installer is not None else want
             return action(Verb.CREATE, Reason.MISSING, body=body, differences=("(missing)",))
         return action(Verb.REPORT, Reason.MISSING, differences=("(missing)",))
     found = tuple(differences(want, have, guarded))
@@ -145,7 +146,7 @@ def decide(want: dict | None, have: dict | None, ownership: Ownership, drift_pol
             # The chart made it from the values overlay: only the chart can make it again.
             return action(Verb.REPORT, Reason.HANDLER_IMMUTABLE, differences=found)
         if write:
-            return action(Verb.RECREATE, Reason.HANDLER_CHANGED, body=copy.deepcopy(want), differences=found)
+            return action(Verb.RECREATE, Reason.HANDLER_CHANGED, body=want, differences=found)
         return action(Verb.REPORT, Reason.HANDLER_CHANGED, differences=found)
     if write:
         # A server-side installer's fields go back in its name (an apply of its configuration), so

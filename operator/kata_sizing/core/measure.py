@@ -533,6 +533,11 @@ class ClassWindow:
             samples=samples, overhead_p50_bytes=merged.quantile(0.50), overhead_p99_bytes=merged.quantile(0.99),
             max_overhead=max_overhead, min_headroom=min_headroom, last_measured_at=last)
 
+    def holds_any(self, now: float) -> bool:
+        """Whether a sample is still inside the window at `now` (else its figures are all empty)."""
+        self._expire(now)
+        return bool(self.slots)
+
     def buckets(self) -> int:
         return sum(slot.overhead.buckets() for slot in self.slots.values())
 

@@ -285,8 +285,12 @@ _DROP_IN_KEYS = {
 def _as_rendered(sized: ClassSizing, spec: KataSizingPolicySpec, hypervisor: str, where: str) -> tuple[
         ClassSizing, tuple[Problem, ...]]:
     """The class as Kata and Kubernetes will read it: its drop-in written to TOML and read
-    back, its podFixed formatted as the RuntimeClass carries it and parsed again."""
-    return _read_back(sized, spec.shim_info, spec.hugepages, spec.sandbox_cgroup_only, hypervisor, where)
+    back, its podFixed formatted as the RuntimeClass carries it and parsed again. Read back by its
+    figures alone: another policy's class of the same figures (policies copied per team differ in
+    their names) is not read back again."""
+    read, problems = _read_back(replace(sized, runtime_class=""), spec.shim_info, spec.hugepages,
+                                spec.sandbox_cgroup_only, hypervisor, where)
+    return replace(read, runtime_class=sized.runtime_class), problems
 
 
 # The read-back is two thirds of sizing a policy and the same for a class whose figures did not
