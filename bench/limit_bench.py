@@ -345,11 +345,17 @@ def operator_cold_start(cp: ControlPlane, work: Path, bodies: list[dict], served
     return _split(cp, mark, start, end), operator
 
 
+# kopf's `settings.batching.idle_timeout`: a policy's worker task ends this long after its last event.
+KOPF_IDLE_TIMEOUT_S = 5.0
+
+
 def settle(pid: int, idle_share: float = 0.02, window_s: float = 1.0, timeout_s: float = 60.0) -> None:
-    """Wait until the operator spends under `idle_share` of a core over `window_s`: its cold start
-    goes on after every object is written (kopf's worker of each policy ends 5 s after the
-    policy's last event, the measurement's and the guidance's first rounds), and a sample taken
-    then counted that tail, growing with the number of policies, as a policy's own CPU."""
+    """Wait until the cold start is over: kopf's worker of each policy has ended (they end
+    KOPF_IDLE_TIMEOUT_S after the policy's last event, 200 of them together) and the operator
+    spends under `idle_share` of a core over `window_s`. Its cold start goes on after every object
+    is written (those workers, the measurement's and the guidance's first rounds), and a sample
+    taken then counted that tail, growing with the number of policies, as a policy's own CPU."""
+    time.sleep(KOPF_IDLE_TIMEOUT_S + 1.0)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         began = cpu_seconds(pid)

@@ -351,6 +351,7 @@ class MeasurementLoop:
             quiet = not (record.nodes or record.announced or any(
                 c in low or (c in windows and windows[c].holds_any(now)) for c in record.policy.classes))
             if quiet and record.published_quiet:
+                record.published_at = now  # looked at again an interval from now, not at every wake
                 continue
             self._bump(record)
             record.published_quiet = quiet

@@ -29,6 +29,7 @@ class DesiredCache:
     # Bumps when the set of RuntimeClass names some policy renders changes (not on every pass).
     version: int = 0
     _names: tuple[int, frozenset[str]] | None = field(default=None, repr=False)
+    _name_counts: dict[str, int] = field(default_factory=dict, repr=False)  # name -> policies rendering it
 
     def put(self, desired: Desired) -> Desired | None:
         """Record a pass's desired state; returns the one it replaces."""
@@ -39,7 +40,10 @@ class DesiredCache:
         self.by_policy[desired.policy_name] = desired
         for key in new_keys:
             self.by_child[key] = desired.policy_name
-        if old is None or old.runtime_class_names() != desired.runtime_class_names():
+        before = old.runtime_class_names() if old is not None else set()
+        after = desired.runtime_class_names()
+        if old is None or before != after:
+            self._count_names(before, after)
             self.version += 1
         return old
 
@@ -47,6 +51,7 @@ class DesiredCache:
         old = self.by_policy.pop(policy_name, None)
         if old:
             self._release(policy_name, set(old.keys()))
+            self._count_names(old.runtime_class_names(), set())
             self.version += 1
         return old
 
@@ -60,12 +65,22 @@ class DesiredCache:
                 else:
                     del self.by_child[key]
 
+    def _count_names(self, before: set[str], after: set[str]) -> None:
+        for name in before - after:
+            if self._name_counts[name] == 1:
+                del self._name_counts[name]
+            else:
+                self._name_counts[name] -= 1
+        for name in after - before:
+            self._name_counts[name] = self._name_counts.get(name, 0) + 1
+
     def runtime_class_names(self) -> frozenset[str]:
         """Every RuntimeClass some policy renders: the Kata classes the operator knows of (read
-        once per `version`: every pass after a RuntimeClass write asks, and the index holds every
-        object of every policy)."""
+        once per `version`, from how many policies render each name: every pass after a policy's
+        classes changed asks, and scanning the index of every object of 200 policies was most of
+        a pass's audit there)."""
         if self._names is None or self._names[0] != self.version:
-            self._names = (self.version, frozenset(key[2] for key in self.by_child if key[0] == "RuntimeClass"))
+            self._names = (self.version, frozenset(self._name_counts))
         return self._names[1]
 
     def for_child(self, key: ObjKey, live: dict | None = None) -> Desired | None:
