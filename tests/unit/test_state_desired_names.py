@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import random
 
+from kata_sizing.controller.kinds import ObjKey
 from kata_sizing.controller.plan import Desired
 from kata_sizing.controller.state import DesiredCache
 
 
 def _desired(policy: str, classes: list[str], guarded: bool) -> Desired:
-    objects = {("RuntimeClass", None, name): {"kind": "RuntimeClass", "metadata": {"name": name}} for name in classes}
-    owned = {("ConfigMap", "kata-sizing", f"{policy}-dropins"): {"kind": "ConfigMap"}}
+    objects: dict[ObjKey, dict] = {("RuntimeClass", None, name): {"kind": "RuntimeClass", "metadata": {"name": name}}
+                                   for name in classes}
+    owned: dict[ObjKey, dict] = {("ConfigMap", "kata-sizing", f"{policy}-dropins"): {"kind": "ConfigMap"}}
     return Desired(policy_name=policy, policy_uid=f"uid-{policy}", drift_policy="Correct", ref={},
                    namespace="kata-sizing", owned=owned if guarded else {**owned, **objects},
                    guarded=objects if guarded else {})
