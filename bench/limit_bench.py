@@ -349,19 +349,21 @@ def operator_cold_start(cp: ControlPlane, work: Path, bodies: list[dict], served
 KOPF_IDLE_TIMEOUT_S = 5.0
 
 
-def settle(pid: int, idle_share: float = 0.02, window_s: float = 1.0, timeout_s: float = 60.0) -> None:
+def settle(pid: int, idle_share: float = 0.02, window_s: float = 1.0, timeout_s: float = 60.0) -> bool:
     """Wait until the cold start is over: kopf's worker of each policy has ended (they end
     KOPF_IDLE_TIMEOUT_S after the policy's last event, 200 of them together) and the operator
     spends under `idle_share` of a core over `window_s`. Its cold start goes on after every object
     is written (those workers, the measurement's and the guidance's first rounds), and a sample
-    taken then counted that tail, growing with the number of policies, as a policy's own CPU."""
+    taken then counted that tail, growing with the number of policies, as a policy's own CPU.
+    False when it never got that idle within `timeout_s`."""
     time.sleep(KOPF_IDLE_TIMEOUT_S + 1.0)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         began = cpu_seconds(pid)
         time.sleep(window_s)
         if cpu_seconds(pid) - began < idle_share * window_s:
-            return
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -536,7 +538,9 @@ def _size(report: Report, cp: ControlPlane, work: Path, served: dict[str, str], 
                 try:
                     keep(who, "cold", took)
                     quiet(cp, 0.5, 30)
-                    settle(operator.process.pid)
+                    if not settle(operator.process.pid):
+                        report(f"{who} operator, {size} policies: not idle 60 s after its cold start; its samples "
+                               "count what it was still doing", "", "", "")
                     # Its CPU until it is idle again: the cold start's tail is the cold start's.
                     cpu.setdefault((who, "cold"), []).append(cpu_seconds(operator.process.pid) / size)
                     if profile is not None:

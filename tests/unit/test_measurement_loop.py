@@ -295,4 +295,4 @@ def test_the_class_table_kept_policy_by_policy_is_the_one_built_whole():
                 whole[0][runtime_class] = measured.window_s
                 whole[1][runtime_class] = (measured.threshold, pod_fixed, guest_budget)
                 whole[2][runtime_class] = measured.name
-        assert loop._class_table() == whole, f"after step {step}: {name} {classes}"
+        assert loop._table == whole, f"after step {step}: {name} {classes}"

@@ -138,7 +138,9 @@ class MeasurementLoop:
         self._config_version = 0
         self._targets_key: tuple | None = None
         self._targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
-        self._table: _ClassTable = ({}, {}, {})  # kept by configure (_retable)
+        # ({class: window}, {class: (threshold, podFixed, guest budget)}, {class: policy}), kept by
+        # configure (_retable): every node's reading asks for it.
+        self._table: _ClassTable = ({}, {}, {})
         self._overlap = False  # two policies name one class: the table is built whole
         self._pruned_for: tuple | None = None
         self.next_due: dict[str, float] = {}
@@ -180,11 +182,6 @@ class MeasurementLoop:
     def policies(self) -> list[MeasuredPolicy]:
         return [record.policy for record in self.measured.values()]
 
-    def _class_table(self) -> _ClassTable:
-        """({class: window}, {class: (threshold, podFixed, guest budget)}, {class: policy}): every
-        node's reading asks for it."""
-        return self._table
-
     def _retable(self, name: str, before: MeasuredPolicy | None, after: MeasuredPolicy | None) -> None:
         """The class table after policy `name` went from `before` to `after`: its classes taken
         out and put in again, not every policy's walked (a policy created among 200 rebuilt a
@@ -213,7 +210,7 @@ class MeasurementLoop:
         key = (getattr(self.pods, "version", None), self._config_version)
         if key == self._targets_key:
             return self._targets
-        _, _, owner = self._class_table()
+        _, _, owner = self._table
         targets: dict[str, tuple[float, dict[str, KataPod]]] = {}
         for record in self.measured.values():
             record.nodes = set()
@@ -288,7 +285,7 @@ class MeasurementLoop:
                 except Exception as exc:  # noqa: BLE001 - a node's failure must never stop the loop
                     self._failed(node, str(exc) or type(exc).__name__)
                 else:
-                    windows, thresholds, _ = self._class_table()
+                    windows, thresholds, _ = self._table
                     self.state.add_reading(reading, self.clock(), windows, thresholds)
                     self.reads_ok += 1
                     metrics.summary_read(True)
@@ -343,11 +340,13 @@ class MeasurementLoop:
         classes, no node's record has its pods under threshold. Its status would not change, and
         every bump makes the guidance check ask for its report (with 200 policies and no Kata pod,
         a tenth of the operator's CPU between passes; docs/performance.md)."""
-        low = {found.runtime_class for record in self.state.nodes.values() for found in record.low}
+        low: set[str] | None = None  # the classes with pods under threshold, once a policy is due
         windows = self.state.windows
         for record in self.measured.values():
             if now - record.published_at < record.policy.interval_s:
                 continue
+            if low is None:
+                low = {found.runtime_class for node in self.state.nodes.values() for found in node.low}
             quiet = not (record.nodes or record.announced or any(
                 c in low or (c in windows and windows[c].holds_any(now)) for c in record.policy.classes))
             if quiet and record.published_quiet:
